@@ -1,0 +1,16 @@
+"""llm-envs: single-turn task environments with verifiable rewards, registered with Gymnasium.
+
+``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0.
+"""
+
+from llm_envs.core import AnyText, Example, Score, TaskEnv, chat, render_prompt
+from llm_envs.data import DataError, FieldError, load_rows, require
+from llm_envs.registry import ENV_IDS, UnknownEnvError, make, register
+
+# Each module registers its environment at import.
+# ENV_IMPORTS
+
+__all__ = [
+    "AnyText", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",
+    "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require",
+]

@@ -1,0 +1,218 @@
+"""The one base class every task environment subclasses.
+
+An episode is a single turn: ``reset`` picks a problem and returns its prompt, ``step`` takes
+the model's completion and returns the verifiable reward. Trainers skip the episode protocol and
+use the batch API instead: ``examples(split)`` for the prompts and ``score``/``score_batch`` for
+the rewards.
+
+A new environment implements three hooks:
+
+- ``build_split(split)``: the built-in examples of a split (generated or read from packaged data);
+- ``parse_row(row)``: one row of a user's data file -> ``Example`` (raise ``FieldError`` on bad data);
+- ``score_completion(completion, example)``: the reward of one completion.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any, ClassVar
+
+import gymnasium as gym
+from gymnasium import spaces
+
+from llm_envs.data import DataError, FieldError, load_rows
+
+Message = dict[str, str]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One problem: a chat prompt and what the scorer needs to check an answer."""
+
+    id: str
+    prompt: list[Message]
+    answer: Any
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Score:
+    """The verdict on one completion.
+
+    ``reward`` is the shaped training reward, ``correct`` the pass/fail used for pass@k,
+    ``parts`` the reward's components and ``error`` why scoring failed (``None`` when it did not).
+    """
+
+    reward: float
+    correct: bool
+    parts: dict[str, float] = field(default_factory=dict)
+    error: str | None = None
+
+
+class AnyText(spaces.Text):
+    """A Text space that contains any string up to ``max_length`` (prompts and completions are
+    free text, not drawn from a small charset); sampling still uses the alphanumeric charset."""
+
+    def contains(self, x: Any) -> bool:
+        return isinstance(x, str) and self.min_length <= len(x) <= self.max_length
+
+    def __repr__(self) -> str:
+        return f"AnyText({self.max_length})"
+
+
+def chat(user: str, system: str | None = None) -> list[Message]:
+    """Chat messages for a prompt: an optional system message, then the user's."""
+    messages = [{"role": "system", "content": system}] if system else []
+    return messages + [{"role": "user", "content": user}]
+
+
+class TaskEnv(gym.Env[str, str]):
+    """A single-turn environment with a verifiable outcome reward.
+
+    Args:
+        data: ``{split: path}`` of JSON/JSONL files that replace built-in splits.
+        seed: seed of everything the environment generates (puzzles, split assignment).
+    """
+
+    metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
+    #: Split names ``examples`` accepts; ``data=`` may add others.
+    split_names: ClassVar[tuple[str, ...]] = ("train", "test")
+    #: Generation budget a trainer uses unless told otherwise.
+    max_new_tokens: ClassVar[int] = 512
+    #: Longest prompt or completion the spaces admit.
+    max_text_length: ClassVar[int] = 200_000
+
+    def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0):
+        if data is not None and not isinstance(data, Mapping):
+            raise TypeError(
+                f"data must map split names to file paths, e.g. {{'train': 'a.jsonl'}}; got {data!r}"
+            )
+        self.data = {str(k): v for k, v in (data or {}).items()}
+        self.seed = int(seed)
+        self.observation_space = AnyText(self.max_text_length, min_length=0)
+        self.action_space = AnyText(self.max_text_length, min_length=0)
+        self._splits: dict[str, list[Example]] = {}
+        self._current: Example | None = None
+        self._scorer = None  # a BatchScorer, started on first use
+
+    # ----- hooks for subclasses -------------------------------------------------------------
+    def build_split(self, split: str) -> list[Example]:
+        """The built-in examples of ``split``."""
+        raise DataError(f"{type(self).__name__} has no built-in {split!r} split; pass data={{{split!r}: path}}")
+
+    def parse_row(self, row: Mapping[str, Any], index: int) -> Example:
+        """Turn one row of a user's data file into an ``Example``; raise ``FieldError`` on bad data."""
+        raise NotImplementedError
+
+    def score_completion(self, completion: str, example: Example) -> Score:
+        """Score one completion (the model's text only, never the prompt)."""
+        raise NotImplementedError
+
+    # ----- batch API for trainers -----------------------------------------------------------
+    def examples(self, split: str = "train") -> Sequence[Example]:
+        """All examples of ``split``, in a fixed order (built once, then cached)."""
+        if split not in self._splits:
+            if split in self.data:
+                self._splits[split] = self._load_file(self.data[split])
+            elif split in self.split_names:
+                self._splits[split] = self.build_split(split)
+            else:
+                known = sorted(set(self.split_names) | set(self.data))
+                raise KeyError(f"unknown split {split!r} for {type(self).__name__}; known: {known}")
+        return self._splits[split]
+
+    def score(self, completion: str, example: Example) -> Score:
+        """Score one completion; never raises: a failure is reward 0 with ``error`` set."""
+        if not isinstance(completion, str):
+            return Score(0.0, False, error=f"completion must be str, got {type(completion).__name__}")
+        try:
+            score = self.score_completion(completion, example)
+        except Exception as exc:  # a scorer bug must not kill a training run
+            return Score(0.0, False, error=f"{type(exc).__name__}: {exc}")
+        if not math.isfinite(score.reward):
+            return Score(0.0, False, score.parts, error=f"non-finite reward {score.reward}")
+        return score
+
+    def score_batch(
+        self,
+        completions: Sequence[str],
+        examples: Sequence[Example],
+        workers: int | None = None,
+        timeout: float = 10.0,
+    ) -> list[Score]:
+        """Score many completions in worker processes, each given at most ``timeout`` seconds.
+
+        ``workers=0`` scores in this process (no per-item timeout). A completion whose scoring
+        times out gets reward 0 and ``error='timeout'``.
+        """
+        if len(completions) != len(examples):
+            raise ValueError(f"{len(completions)} completions for {len(examples)} examples")
+        if workers == 0:
+            return [self.score(c, e) for c, e in zip(completions, examples)]
+        from llm_envs.scoring import BatchScorer
+
+        if self._scorer is None or (workers is not None and self._scorer.workers != workers):
+            if self._scorer is not None:
+                self._scorer.close()
+            self._scorer = BatchScorer(self, workers)
+        return self._scorer.score(list(completions), list(examples), timeout)
+
+    # ----- Gymnasium episode API -------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        """Start an episode on one example: ``options={"split": "test", "index": 3}`` picks it;
+        without an index, one is drawn from the env's RNG (seeded by ``seed``)."""
+        super().reset(seed=seed)
+        options = dict(options or {})
+        split = options.pop("split", "train")
+        index = options.pop("index", None)
+        if options:
+            raise ValueError(f"unknown reset options {sorted(options)}; known: split, index")
+        examples = self.examples(split)
+        if not examples:
+            raise DataError(f"split {split!r} of {type(self).__name__} is empty")
+        if index is None:
+            index = int(self.np_random.integers(len(examples)))
+        elif not 0 <= int(index) < len(examples):
+            raise IndexError(f"index {index} out of range for split {split!r} ({len(examples)} examples)")
+        self._current = examples[int(index)]
+        info = {"example_id": self._current.id, "split": split, "index": int(index),
+                "messages": self._current.prompt}
+        return render_prompt(self._current.prompt), info
+
+    def step(self, action: str):
+        """Score the completion ``action``; the episode ends at once."""
+        if self._current is None:
+            raise RuntimeError("call reset() before step()")
+        score = self.score(action, self._current)
+        info = {"example_id": self._current.id, "correct": score.correct, "parts": score.parts,
+                "error": score.error}
+        return "", float(score.reward), True, False, info
+
+    def close(self) -> None:
+        if self._scorer is not None:
+            self._scorer.close()
+            self._scorer = None
+
+    # ----- internals --------------------------------------------------------------------------
+    def _load_file(self, path: str | PathLike) -> list[Example]:
+        examples = []
+        for index, row in enumerate(load_rows(path)):
+            try:
+                examples.append(self.parse_row(row, index))
+            except FieldError as exc:
+                raise DataError(f"{path}: row {index}: field {exc.field!r}: {exc}") from None
+        return examples
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes only score: the examples and the scorer's pool stay behind.
+        state = self.__dict__.copy()
+        state["_splits"], state["_scorer"], state["_current"] = {}, None, None
+        return state
+
+
+def render_prompt(messages: Sequence[Message]) -> str:
+    """A chat prompt as plain text (the episode API's observation)."""
+    return "\n\n".join(m["content"] for m in messages)
