@@ -37,7 +37,7 @@ def load_rows(path: str | PathLike) -> list[dict[str, Any]]:
         rows = []
         for file in sorted(path.glob("*.json")):
             (row,) = _rows_from_json(file, _read_json(file), single=True)
-            rows.append({"id": file.stem, **row})
+            rows.append({**row, "id": file.stem})
         if not rows:
             raise DataError(f"{path}: directory holds no .json files")
         return rows
@@ -74,7 +74,7 @@ def _rows_from_json(path: Path, obj: Any, single: bool = False) -> list[dict[str
         return obj
     if isinstance(obj, dict):
         if not single and obj and all(isinstance(v, dict) for v in obj.values()):
-            return [{"id": str(k), **v} for k, v in obj.items()]
+            return [{**v, "id": str(k)} for k, v in obj.items()]
         return [obj]
     raise DataError(f"{path}: expected a JSON object or a list of objects, got {type(obj).__name__}")
 

@@ -1,0 +1,34 @@
+"""A tiny environment for testing the core and the trainers (importable, so worker processes
+can unpickle it)."""
+
+from __future__ import annotations
+
+import time
+
+from llm_envs import Example, Score, TaskEnv, chat, register, require
+
+
+class EchoEnv(TaskEnv):
+    """Say the number back. Completions "hang" and "sleep" misbehave on purpose."""
+
+    max_new_tokens = 8
+
+    def build_split(self, split: str) -> list[Example]:
+        return [Example(f"{split}-{i}", chat(f"Say {i}."), str(i)) for i in range(5)]
+
+    def parse_row(self, row, index):
+        return Example(str(row.get("id", index)), chat(require(row, "question")), require(row, "answer"))
+
+    def score_completion(self, completion: str, example: Example) -> Score:
+        if completion == "hang":
+            while True:
+                pass
+        if completion == "sleep":
+            time.sleep(60)
+        if completion == "boom":
+            raise RuntimeError("scorer bug")
+        ok = completion.strip() == example.answer
+        return Score(float(ok), ok, {"exact": float(ok)})
+
+
+register("Echo-v0", EchoEnv)
