@@ -1,0 +1,127 @@
+"""Trainer configs: a dataclass is the single source of flags, YAML keys and defaults.
+
+Every field becomes a ``--flag-name`` (help from ``field(metadata={"help": ...})``); ``--config
+FILE.yaml`` supplies values that flags on the command line override. Bad values end the program
+with a one-line message naming the flag, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+
+C = TypeVar("C")
+
+
+class ConfigError(ValueError):
+    """A bad hyperparameter or config file (the message names it)."""
+
+
+def _base_type(annotation: Any) -> tuple[type, bool]:
+    """(type, optional) of an annotation like ``float | None``."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    if args and len(args) < len(typing.get_args(annotation)):
+        return args[0], True
+    return annotation, False
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _convert(name: str, value: Any, annotation: Any) -> Any:
+    kind, optional = _base_type(annotation)
+    if value is None or (optional and isinstance(value, str) and value.lower() in ("none", "null")):
+        if optional:
+            return None
+        raise ConfigError(f"{_flag(name)}: a value is required")
+    try:
+        if kind is bool:
+            if isinstance(value, bool):
+                return value
+            if str(value).lower() in ("1", "true", "yes", "on"):
+                return True
+            if str(value).lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int and isinstance(value, float) and not value.is_integer():
+            raise ValueError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{_flag(name)}: expected {kind.__name__}, got {value!r}") from None
+
+
+def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
+    """Build ``cls`` from ``--config`` YAML and command-line flags; exits with a message on error."""
+    hints = typing.get_type_hints(cls)
+    fields = [f for f in dataclasses.fields(cls) if f.init]
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--config", help="YAML file of field: value pairs (flags given here override it)")
+    for f in fields:
+        kind, _ = _base_type(hints[f.name])
+        default = f.default if f.default is not dataclasses.MISSING else None
+        meta = f.metadata.get("help", "")
+        choices = f.metadata.get("choices")
+        parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, choices=choices,
+                            metavar=kind.__name__.upper() if not choices else None,
+                            help=f"{meta} (default: {default})")
+    args = vars(parser.parse_args(argv))
+    try:
+        values = load_yaml(args.pop("config")) if args.get("config") else {}
+        args.pop("config", None)
+        values.update(args)
+        return build_config(cls, values)
+    except ConfigError as exc:
+        parser.error(str(exc))
+
+
+def load_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"--config: no such file {path}")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"--config {path}: invalid YAML ({exc})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--config {path}: expected a mapping of field: value")
+    return {str(k).replace("-", "_"): v for k, v in data.items()}
+
+
+def build_config(cls: type[C], values: dict[str, Any]) -> C:
+    """``cls(**values)`` with types converted, unknown keys rejected and ``validate()`` run."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise ConfigError(f"unknown option(s) {', '.join(_flag(u) for u in unknown)}")
+    for f in dataclasses.fields(cls):
+        choices = f.metadata.get("choices")
+        if f.name in values and choices and values[f.name] not in choices:
+            raise ConfigError(f"{_flag(f.name)}: {values[f.name]!r} is not one of {', '.join(choices)}")
+    config = cls(**{k: _convert(k, v, hints[k]) for k, v in values.items()})
+    if hasattr(config, "validate"):
+        config.validate()
+    return config
+
+
+def check(condition: bool, name: str, message: str) -> None:
+    """Raise ``ConfigError`` naming ``--name`` unless ``condition``."""
+    if not condition:
+        raise ConfigError(f"{_flag(name)}: {message}")
+
+
+def to_dict(config: Any) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def fail(message: str) -> typing.NoReturn:
+    """End a command-line program with a clear message (exit code 2, like argparse)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)

@@ -1,0 +1,128 @@
+"""A trainer's run directory, the same for every algorithm:
+
+    RUN/config.yaml        the full config of the run
+    RUN/log.jsonl          one JSON record per iteration (and per evaluation)
+    RUN/tb/                TensorBoard events of the same scalars
+    RUN/updates.jsonl      ES only: seeds and coefficients of every applied update
+    RUN/checkpoints/K/     weights (Hugging Face format) after iteration K, plus trainer state
+    RUN/final/             the final model (``AutoModelForCausalLM.from_pretrained`` loads it)
+
+Files are written atomically (temp + rename) or appended line by line and flushed, so a run
+killed at any moment can resume from what is on disk.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class RunDirError(ValueError):
+    pass
+
+
+class RunDir:
+    def __init__(self, path: str | Path, resume: bool = False, is_main: bool = True):
+        self.path = Path(path)
+        self.is_main = is_main
+        if is_main:
+            if not resume and (self.path / "config.yaml").exists():
+                raise RunDirError(f"{self.path} already holds a run: pass --resume {self.path} or choose another --out")
+            if resume and not (self.path / "config.yaml").exists():
+                raise RunDirError(f"--resume {self.path}: no run there (config.yaml missing)")
+            self.path.mkdir(parents=True, exist_ok=True)
+        self._tb = None
+
+    # ----- config ----------------------------------------------------------------------------
+    def write_config(self, config: dict[str, Any]) -> None:
+        if self.is_main:
+            _atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+
+    def read_config(self) -> dict[str, Any]:
+        return yaml.safe_load((self.path / "config.yaml").read_text())
+
+    # ----- logs ------------------------------------------------------------------------------
+    def log(self, record: dict[str, Any], step: int) -> None:
+        """Append ``record`` to log.jsonl and its numbers to TensorBoard at ``step``."""
+        if not self.is_main:
+            return
+        _append_line(self.path / "log.jsonl", record)
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.path / "tb"))
+        for key, value in record.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration":
+                self._tb.add_scalar(key, value, step)
+        self._tb.flush()
+
+    def read_log(self) -> list[dict[str, Any]]:
+        return read_jsonl(self.path / "log.jsonl")
+
+    def truncate_log(self, after: int) -> None:
+        """Drop log records of iterations after ``after`` (they will be redone on resume)."""
+        if self.is_main and (self.path / "log.jsonl").exists():
+            keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
+            _atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
+
+    # ----- checkpoints -----------------------------------------------------------------------
+    def checkpoint_dir(self, iteration: int) -> Path:
+        return self.path / "checkpoints" / f"{iteration:06d}"
+
+    def save_checkpoint(self, model, tokenizer, iteration: int, state: dict[str, Any], keep: int = 2) -> None:
+        """Weights and trainer state after ``iteration``; keeps the newest ``keep`` checkpoints."""
+        if not self.is_main:
+            return
+        from trainers.models import save_model
+
+        final = self.checkpoint_dir(iteration)
+        tmp = final.with_name(final.name + ".tmp")
+        shutil.rmtree(tmp, ignore_errors=True)
+        save_model(model, tokenizer, tmp)
+        _atomic_write(tmp / "trainer_state.json", json.dumps(state))
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+        for old in self.checkpoints()[:-keep]:
+            shutil.rmtree(self.checkpoint_dir(old), ignore_errors=True)
+
+    def checkpoints(self) -> list[int]:
+        root = self.path / "checkpoints"
+        if not root.exists():
+            return []
+        return sorted(int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "trainer_state.json").exists())
+
+    def close(self) -> None:
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSONL file; a torn last line (a kill mid-write) is ignored."""
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return records
+
+
+def _append_line(path: Path, record: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(record) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
