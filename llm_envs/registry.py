@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import gymnasium as gym
@@ -28,11 +29,24 @@ def register(env_id: str, cls: type[TaskEnv], **defaults: Any) -> None:
         ENV_IDS.append(env_id)
 
 
-def make(env_id: str, **kwargs: Any) -> TaskEnv:
-    """Build a registered environment and return the ``TaskEnv`` itself (no wrappers)."""
+def resolve_id(env_id: str) -> str:
+    """The registered id of ``env_id``; ``"my_module:My-v0"`` first imports ``my_module`` (which
+    registers ``My-v0``), as ``gym.make`` does. Raises ``UnknownEnvError`` for unknown ids."""
+    if ":" in env_id:
+        module, env_id = env_id.split(":", 1)
+        try:
+            importlib.import_module(module)
+        except ImportError as exc:
+            raise UnknownEnvError(f"cannot import {module!r} to register {env_id!r}: {exc}") from None
     spec = gym.registry.get(env_id)
     if spec is None or not _is_task_env(spec):
         raise UnknownEnvError(f"unknown env id {env_id!r}; registered: {', '.join(ENV_IDS)}")
+    return env_id
+
+
+def make(env_id: str, **kwargs: Any) -> TaskEnv:
+    """Build a registered environment and return the ``TaskEnv`` itself (no wrappers)."""
+    env_id = resolve_id(env_id)
     try:
         return gym.make(env_id, disable_env_checker=True, **kwargs).unwrapped
     except TypeError as exc:

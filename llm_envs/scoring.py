@@ -65,6 +65,14 @@ class BatchScorer:
         # forkserver: workers never inherit the trainer's threads (torch, tqdm, tensorboard)
         ctx = mp.get_context("forkserver")
         self._pool = ctx.Pool(self.workers, initializer=_init_worker, initargs=(self.env,))
+        try:  # workers that cannot start (say, __main__ read from stdin) would be respawned forever
+            self._pool.apply_async(os.getpid).get(timeout=60)
+        except Exception as exc:
+            self.close()
+            raise RuntimeError(
+                f"scoring worker processes failed to start ({exc!r}); run from a script file, "
+                "or pass workers=0 to score in this process"
+            ) from None
 
     def score(self, completions: list[str], examples: list[Example], timeout: float) -> list[Score]:
         from llm_envs.core import Score

@@ -47,7 +47,7 @@ GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
 
 @dataclass
 class ESConfig:
-    env: str = field(default="Countdown-v0", metadata={"help": "registered environment id"})
+    env: str = field(default="Countdown-v0", metadata={"help": "environment id; 'my_module:My-v0' imports my_module first"})
     model: str = field(default="smollm2-135m", metadata={"help": "Hugging Face id, local directory, or smollm2-135m"})
     iterations: int | None = field(default=None, metadata={"help": "ES iterations (paper's per env)"})
     population: int | None = field(default=None, metadata={"help": "N, perturbations per iteration (paper's per env)"})
@@ -72,9 +72,11 @@ class ESConfig:
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
 
     def validate(self) -> None:
-        llm_envs_ids = list(llm_envs.ENV_IDS)
-        check(self.env in llm_envs_ids, "env", f"unknown env {self.env!r}; registered: {', '.join(llm_envs_ids)}")
-        defaults = PAPER_DEFAULTS.get(self.env, GENERIC_DEFAULTS)
+        try:
+            env_id = llm_envs.registry.resolve_id(self.env)
+        except llm_envs.UnknownEnvError as exc:
+            raise ConfigError(f"--env: {exc}") from None
+        defaults = PAPER_DEFAULTS.get(env_id, GENERIC_DEFAULTS)
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)

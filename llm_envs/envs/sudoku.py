@@ -42,8 +42,10 @@ from llm_envs.registry import register
 
 Grid = list[list[int]]  # 4 rows of 4 cells; 0 = blank
 
-# The paper's prompt (appendix, Figure 11). Its preamble is the TinyZero-style instruction the
-# reference code put before the task; we send it as the system message.
+# The paper's prompt (appendix, Figure 11). Its opening sentence is a standing instruction, not
+# part of the task, so it goes in the system message. The paper also pre-filled the assistant
+# turn with "Let me solve this step by step.\n<think>"; we score the completion alone and do not
+# rely on that prefix (no <think> block is required).
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in your mind "
     "and then provide the user with the answer."
@@ -92,10 +94,12 @@ def parse_answer(text: str) -> Grid | None:
 
 
 def unit_ok(grid: Grid, unit: list[tuple[int, int]]) -> bool:
+    """The cells of ``unit`` (a row, column or box) hold 1-4 exactly once."""
     return sorted(grid[r][c] for r, c in unit) == [1, 2, 3, 4]
 
 
 def keeps_givens(grid: Grid, puzzle: Grid) -> bool:
+    """Every non-blank cell of ``puzzle`` has the same value in ``grid``."""
     return all(p == 0 or p == g for prow, grow in zip(puzzle, grid) for p, g in zip(prow, grow))
 
 
