@@ -82,6 +82,9 @@ class TaskEnv(gym.Env[str, str]):
     split_names: ClassVar[tuple[str, ...]] = ("train", "test")
     #: Generation budget a trainer uses unless told otherwise.
     max_new_tokens: ClassVar[int] = 512
+    #: ``score_batch``'s default worker processes: ``None`` = one per core (up to 8); ``0`` scores
+    #: in-process, faster for cheap scorers that cannot hang (no per-item timeout there).
+    score_workers: ClassVar[int | None] = None
     #: Longest prompt or completion the spaces admit.
     max_text_length: ClassVar[int] = 200_000
 
@@ -145,11 +148,14 @@ class TaskEnv(gym.Env[str, str]):
     ) -> list[Score]:
         """Score many completions in worker processes, each given at most ``timeout`` seconds.
 
-        ``workers=0`` scores in this process (no per-item timeout). A completion whose scoring
-        times out gets reward 0 and ``error='timeout'``.
+        ``workers=0`` scores in this process (no per-item timeout); ``None`` takes the env's
+        ``score_workers``. A completion whose scoring times out gets reward 0 and
+        ``error='timeout'``.
         """
         if len(completions) != len(examples):
             raise ValueError(f"{len(completions)} completions for {len(examples)} examples")
+        if workers is None:
+            workers = self.score_workers
         if workers == 0:
             return [self.score(c, e) for c, e in zip(completions, examples)]
         from llm_envs.scoring import BatchScorer

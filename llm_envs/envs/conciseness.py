@@ -75,6 +75,7 @@ class ConcisenessEnv(TaskEnv):
     """
 
     max_new_tokens = 128
+    score_workers = 0  # pure-Python scoring that cannot hang: workers only add overhead
 
     def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, strip: bool = True):
         super().__init__(data=data, seed=seed)

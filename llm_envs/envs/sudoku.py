@@ -151,6 +151,7 @@ class SudokuEnv(TaskEnv):
     """
 
     max_new_tokens = 512
+    score_workers = 0  # pure-Python scoring that cannot hang: workers only add overhead
 
     def __init__(
         self,
