@@ -8,7 +8,7 @@ from llm_envs.data import DataError, FieldError, load_rows, require
 from llm_envs.registry import ENV_IDS, UnknownEnvError, make, register
 
 # Each module registers its environment at import.
-# ENV_IMPORTS
+from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, sudoku  # noqa: E402,F401
 
 __all__ = [
     "AnyText", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",

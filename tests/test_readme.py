@@ -1,0 +1,25 @@
+"""The README's promises: the worked env example runs, and CI runs the README's test command."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def test_new_env_example_runs(tmp_path):
+    block = README.split("<!-- new-env-example -->", 1)[1]
+    code = re.search(r"```python\n(.*?)```", block, re.DOTALL).group(1)
+    script = tmp_path / "my_envs.py"
+    script.write_text(code)
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+
+
+def test_ci_runs_the_readme_test_command():
+    commands = re.findall(r"^(python3 -m venv .*)$", README, re.MULTILINE)
+    assert len(commands) == 2, "README must open with the main-job and the test command"
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1] in ci.splitlines()
