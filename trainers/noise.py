@@ -61,7 +61,11 @@ class Patch:
         return self.index.numel()
 
 
-def _shifted(param: torch.Tensor, eps: torch.Tensor, scale: float) -> torch.Tensor:
+def _shifted(param: torch.Tensor, eps: torch.Tensor, scale: float, out: torch.Tensor | None = None) -> torch.Tensor:
+    """param + scale * eps, rounded to param's dtype; the one formula perturb and restore share,
+    so the restore check in ``perturb`` predicts ``restore`` bit for bit."""
+    if param.dtype == torch.float32:
+        return torch.add(param, eps, alpha=scale, out=out)
     return (param.float() + scale * eps).to(param.dtype)
 
 
@@ -72,8 +76,9 @@ def perturb(params: Params, seed: int, sigma: float, sign: float = 1.0, shared: 
     for index, (_, p) in enumerate(params):
         eps = noise(p, seed, index, shared)
         moved = _shifted(p, eps, sign * sigma)
-        back = _shifted(moved, eps, -sign * sigma)
-        off = (back != p).view(-1).nonzero().squeeze(1)
+        # what restore will compute, written over eps (fp32) to spare a tensor-sized buffer
+        back = _shifted(moved, eps, -sign * sigma, out=eps if p.dtype == torch.float32 else None)
+        off = torch.ne(back, p).view(-1).nonzero().squeeze(1)
         patches.append(Patch(off, p.view(-1)[off].clone()))
         p.copy_(moved)
         del eps, moved, back
@@ -86,7 +91,10 @@ def restore(params: Params, seed: int, sigma: float, patches: list[Patch], sign:
     """Undo ``perturb`` exactly (bit for bit)."""
     for index, ((_, p), patch) in enumerate(zip(params, patches)):
         eps = noise(p, seed, index, shared)
-        p.copy_(_shifted(p, eps, -sign * sigma))
+        if p.dtype == torch.float32:
+            _shifted(p, eps, -sign * sigma, out=p)  # in place: no tensor-sized temporary
+        else:
+            p.copy_(_shifted(p, eps, -sign * sigma))
         p.view(-1)[patch.index] = patch.value
         del eps
 

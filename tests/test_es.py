@@ -1,0 +1,122 @@
+"""The ES trainer end to end on a tiny random model: CLI errors, resume after a kill, replay,
+and two processes giving the same weights as one."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from trainers import es
+from trainers.replay import rebuild
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_args(model_dir, out, *extra):
+    # sigma is large because a tiny random model's greedy text must change under perturbation
+    return ["--env", "Conciseness-v0", "--model", str(model_dir), "--out", str(out), "--iterations", "4",
+            "--population", "4", "--sigma", "0.05", "--alpha", "0.02", "--max-new-tokens", "6",
+            "--eval-every", "2", "--checkpoint-every", "2", "--seed", "3", *extra]
+
+
+def final_weights(run_dir) -> dict[str, torch.Tensor]:
+    return load_file(str(Path(run_dir) / "final" / "model.safetensors"))
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "Nope-v0"], "unknown env id 'Nope-v0'"),
+    (["--sigma", "-1"], "--sigma: must be a positive number"),
+    (["--sigma", "abc"], "--sigma: expected float"),
+    (["--population", "1"], "--population: must be >= 2"),
+    (["--population", "5", "--mirrored", "true"], "must be even with --mirrored"),
+    (["--param-filter", "("], "--param-filter: invalid regex"),
+    (["--env-args", "[1]"], "--env-args: must be a JSON object"),
+    (["--config", "/nonexistent.yaml"], "--config: no such file"),
+    (["--resume", "/nonexistent-run"], "--resume /nonexistent-run: no run there"),
+])
+def test_cli_errors_are_one_clear_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        es.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_config_file_and_unknown_key(tmp_path, capsys):
+    good = tmp_path / "ok.yaml"
+    good.write_text("env: Sudoku-v0\nsigma: 0.002\nmax-new-tokens: 64\n")
+    cfg = es.resolve(["--config", str(good), "--population", "8"])
+    assert (cfg.env, cfg.sigma, cfg.max_new_tokens, cfg.population, cfg.alpha) == ("Sudoku-v0", 0.002, 64, 8, 5e-4)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("sigmaa: 0.1\n")
+    with pytest.raises(SystemExit):
+        es.main(["--config", str(bad)])
+    assert "unknown option(s) --sigmaa" in capsys.readouterr().err
+
+
+def test_paper_defaults_per_env():
+    assert (es.resolve(["--env", "ARC-AGI-v0"]).population, es.resolve(["--env", "ARC-AGI-v0"]).alpha) == (50, 3e-4)
+    assert es.resolve(["--env", "Sudoku-v0"]).population == 32
+
+
+def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, monkeypatch):
+    full = tmp_path / "full"
+    es.main(run_args(tiny_model_dir, full))
+    log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
+    train = [r for r in log if "reward_mean" in r]
+    assert [r["iteration"] for r in train] == [1, 2, 3, 4]
+    assert any(not r["skipped"] for r in train), "rewards never differed: the test would prove nothing"
+    assert {r["iteration"] for r in log if "eval_reward" in r} == {0, 2, 4}
+    assert (full / "tb").is_dir() and (full / "checkpoints" / "000004").is_dir()
+
+    # Kill in the middle of iteration 3 (second member's rollout), then resume.
+    killed = tmp_path / "killed"
+    calls = {"n": 0}
+    real = es.rollout
+
+    def dying_rollout(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2 * 4 + 2:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(es, "rollout", dying_rollout)
+    with pytest.raises(KeyboardInterrupt):
+        es.main(run_args(tiny_model_dir, killed))
+    monkeypatch.setattr(es, "rollout", real)
+    assert not (killed / "final").exists()
+    with pytest.raises(SystemExit):  # the same --out without --resume would overwrite: refused
+        es.main(run_args(tiny_model_dir, killed))
+    es.main(["--resume", str(killed)])
+    assert_same_weights(final_weights(full), final_weights(killed))
+    resumed = [json.loads(line) for line in (killed / "log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in resumed if "reward_mean" in r] == [1, 2, 3, 4]
+
+    # The update log alone rebuilds the final model from the base.
+    model, _, last = rebuild(full)
+    assert last == 4
+    assert_same_weights(final_weights(full), {k: v for k, v in model.state_dict().items() if k in final_weights(full)})
+
+
+def test_two_processes_match_one(tmp_path, tiny_model_dir):
+    one, two = tmp_path / "one", tmp_path / "two"
+    short = ["--iterations", "2", "--eval-every", "0"]
+    launch = ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
+              "--mixed_precision", "no", "--dynamo_backend", "no"]
+    # one thread per process in both runs, so the matmuls are the same computation
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    for cmd in ([sys.executable, "-m", "trainers.es", *run_args(tiny_model_dir, one), *short],
+                [sys.executable, *launch, "-m", "trainers.es", *run_args(tiny_model_dir, two), *short]):
+        result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
+        assert result.returncode == 0, result.stderr[-3000:]
+    assert_same_weights(final_weights(one), final_weights(two))
