@@ -44,10 +44,11 @@ def assert_same_weights(a, b):
     (["--env-args", "[1]"], "--env-args: must be a JSON object"),
     (["--config", "/nonexistent.yaml"], "--config: no such file"),
     (["--resume", "/nonexistent-run"], "--resume /nonexistent-run: no run there"),
+    (["--env", "Conciseness-v0", "--model", "/no/such/model", "--iterations", "0"], "/no/such/model"),
 ])
-def test_cli_errors_are_one_clear_line(argv, message, capsys):
+def test_cli_errors_are_one_clear_line(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
-        es.main(argv)
+        es.main([*argv, "--out", str(tmp_path / "run")])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
 

@@ -297,7 +297,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cfg = resolve(argv)
         train(cfg)
-    except (ConfigError, RunDirError, llm_envs.DataError) as exc:
+    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:  # OSError: a model that cannot load
         fail(str(exc))
 
 

@@ -31,7 +31,8 @@ class RunDir:
         self.path = Path(path)
         self.is_main = is_main
         if is_main:
-            if not resume and (self.path / "config.yaml").exists():
+            # a directory with only a config (the run died before its first log line) may be reused
+            if not resume and (self.path / "log.jsonl").exists():
                 raise RunDirError(f"{self.path} already holds a run: pass --resume {self.path} or choose another --out")
             if resume and not (self.path / "config.yaml").exists():
                 raise RunDirError(f"--resume {self.path}: no run there (config.yaml missing)")
