@@ -1,0 +1,76 @@
+"""A content-addressed cache of evaluation results, so re-running a table does not regenerate.
+
+An entry is keyed by a hash of everything that determines it: the model's weight fingerprint,
+the environment (id, options, hash of any data file), the split and the decoding settings
+(``max_new_tokens``, samples, temperature, top_p, seed, ...). Entries are JSON files written
+atomically. Location: ``--cache DIR``, else ``$LLM_ENVS_EVAL_CACHE``, else
+``$LLM_ENVS_CACHE/eval`` (default ``~/.cache/llm_envs/eval``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+#: Bump when the harness changes what an entry holds or how it is computed.
+CACHE_VERSION = 1
+CACHE_ENV = "LLM_ENVS_EVAL_CACHE"
+
+
+def default_dir() -> Path:
+    """``$LLM_ENVS_EVAL_CACHE``, else ``$LLM_ENVS_CACHE/eval``, else ``~/.cache/llm_envs/eval``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    root = os.environ.get("LLM_ENVS_CACHE") or Path.home() / ".cache" / "llm_envs"
+    return Path(root).expanduser() / "eval"
+
+
+def file_hash(path: str | os.PathLike) -> str:
+    """SHA-256 of a file's bytes, or of a directory's files (names and bytes, sorted)."""
+    path = Path(path)
+    h = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        h.update(str(f.relative_to(path) if path.is_dir() else "").encode())
+        with open(f, "rb") as stream:
+            for chunk in iter(lambda: stream.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()
+
+
+def cache_key(**parts: Any) -> str:
+    """A stable hex key of ``parts`` (JSON-serialisable values; order of keywords is irrelevant)."""
+    blob = json.dumps({"version": CACHE_VERSION, **parts}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class Cache:
+    """JSON entries under ``root``; ``enabled=False`` makes every lookup miss and stores nothing."""
+
+    def __init__(self, root: str | os.PathLike | None = None, enabled: bool = True):
+        self.root = Path(root).expanduser() if root is not None else default_dir()
+        self.enabled = enabled
+
+    def path(self, key: str) -> Path:
+        return self.root / key[:2] / f"{key}.json"
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        """The entry stored under ``key``, or None (also for an unreadable entry)."""
+        if not self.enabled:
+            return None
+        try:
+            return json.loads(self.path(key).read_text())
+        except (OSError, json.JSONDecodeError):
+            return None
+
+    def put(self, key: str, value: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        path = self.path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(value))
+        os.replace(tmp, path)

@@ -1,0 +1,297 @@
+"""Tables from evaluation results: the paper's Table 1 (accuracy per base model and method),
+Table 2 (conciseness: reward and KL across seeds, reward hacking flagged) and, for an
+environment measured on several splits (MATH-v0's five benchmarks), a split table.
+
+    python -m eval.table runs/eval/smollm2-135m runs/es-Countdown-v0-* [--format markdown|latex|csv] [--paper]
+
+Arguments are summary files (``*.summary.json`` written by ``python -m eval``) or directories
+searched for them; a trainer run without harness results contributes the held-out evaluations
+of its own log (see ``eval.load_results``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from eval import METHOD_ORDER, load_results, model_name
+from eval import paper as paper_data
+
+#: A run hacks the reward when its reward beats the base model's while its correct rate falls
+#: below this fraction of the base model's (judged only where the base model was measured too).
+HACK_CORRECT_RATIO = 0.5
+DASH = "–"
+
+
+@dataclass
+class Table:
+    title: str
+    header: list[str]
+    rows: list[list[str]] = field(default_factory=list)
+    bold: set[tuple[int, int]] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+    text_columns: int = 1  # leading columns of text (left-aligned); the rest are numbers
+
+
+# ----- selecting records ----------------------------------------------------------------------------
+
+
+def is_greedy(r: dict[str, Any]) -> bool:
+    return r.get("samples", 1) == 1 and not r.get("temperature")
+
+
+def group_by(records: Iterable[dict[str, Any]], keys: tuple[str, ...]) -> dict[tuple, list[dict[str, Any]]]:
+    out: dict[tuple, list[dict[str, Any]]] = {}
+    for r in records:
+        out.setdefault(tuple(r.get(k) for k in keys), []).append(r)
+    return out
+
+
+def finals(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Harness results over trainer-log ones; final models over checkpoints (else the latest)."""
+    own = [r for r in records if r.get("source") != "log"] or records
+    finals = [r for r in own if r.get("iteration") is None]
+    if finals:
+        return finals
+    last = max(r["iteration"] for r in own)
+    return [r for r in own if r["iteration"] == last]
+
+
+def order_methods(methods: Iterable[str]) -> list[str]:
+    present = list(dict.fromkeys(methods))
+    return [m for m in METHOD_ORDER if m in present] + [m for m in present if m not in METHOD_ORDER]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _std(values: list[float]) -> float:
+    m = _mean(values)
+    return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
+
+
+def _bold_best(table: Table, row: int, cols: list[int], values: list[float | None], best=max) -> None:
+    numbers = [round(v, 1) for v in values if v is not None]
+    if len(set(numbers)) >= 2:  # nothing is best when all are equal
+        top = best(numbers)
+        table.bold |= {(row, c) for c, v in zip(cols, values) if v is not None and round(v, 1) == round(top, 1)}
+
+
+# ----- Table 1 ---------------------------------------------------------------------------------------
+
+
+def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Table]:
+    """Table 1 per (env, split): rows are base models, columns Original then each method
+    present (greedy pass@1 in %, mean over seeds); the best of each row in bold. An env measured
+    on several splits gets the split table instead."""
+    tables = []
+    greedy = [r for r in records if is_greedy(r)]
+    multi = {env for (env,), rs in group_by(greedy, ("env",)).items() if len({r["split"] for r in rs}) > 1}
+    for (env, split), group in group_by([r for r in greedy if r["env"] not in multi], ("env", "split")).items():
+        cells: dict[tuple[str, str], list[float]] = {}
+        for (base, method), rs in group_by(group, ("base_model", "method")).items():
+            cells[(model_name(str(base)), method)] = [100 * r["pass@1"] for r in finals(rs)]
+        published = paper_data.ACCURACY.get(env, {}) if paper else {}
+        methods = order_methods([m for _, m in cells] + [m for row in published.values() for m in row])
+        table = Table(f"Table 1: {env} ({split}), accuracy (%), greedy pass@1", ["Base model", *methods])
+        bases = list(dict.fromkeys(b for b, _ in cells))
+        rows = [(b, {m: _mean(cells[(b, m)]) for m in methods if (b, m) in cells}) for b in bases]
+        rows += [(f"{b} (paper)", row) for b, row in published.items()]
+        for i, (base, values) in enumerate(rows):
+            table.rows.append([base, *(f"{values[m]:.1f}" if m in values else DASH for m in methods)])
+            _bold_best(table, i, list(range(1, len(methods) + 1)), [values.get(m) for m in methods])
+        if any(r.get("source") == "log" for r in group):
+            table.notes.append("Some numbers come from trainer logs (held-out greedy pass@1 measured during training).")
+        if any(len(v) > 1 for v in cells.values()):
+            table.notes.append("Cells with several runs show their mean.")
+        if published:
+            table.notes.append("(paper): Qiu et al., Table 1; their Dr.GRPO column is Dr.GRPO-verl.")
+        tables.append(table)
+    return tables
+
+
+# ----- the split table (MATH figure) -----------------------------------------------------------------
+
+
+def split_table(records: list[dict[str, Any]]) -> list[Table]:
+    """Per environment measured on two or more splits: rows model + method (+ checkpoint),
+    columns the splits and their average (pass@1 in %); the best of each column in bold."""
+    from llm_envs.envs.math_reasoning import BENCHMARKS
+
+    tables = []
+    for (env,), group in group_by(records, ("env",)).items():
+        group = [r for r in group if is_greedy(r)] or group
+        splits = list(dict.fromkeys(r["split"] for r in group))
+        if len(splits) < 2:
+            continue
+        splits = [s for s in BENCHMARKS if s in splits] + [s for s in splits if s not in BENCHMARKS]
+        cells: dict[str, dict[str, list[float]]] = {}
+        for r in group:
+            label = f"{model_name(str(r.get('base_model')))} {r['method']}"
+            label += f" (iter {r['iteration']})" if r.get("iteration") is not None else ""
+            cells.setdefault(label, {}).setdefault(r["split"], []).append(100 * r["pass@1"])
+        table = Table(f"{env}: pass@1 (%) per split", ["Model", *splits, "Average"])
+        columns: list[list[float | None]] = []
+        for label, by_split in cells.items():
+            values = [_mean(by_split[s]) if s in by_split else None for s in splits]
+            average = _mean(values) if None not in values else None
+            columns.append(values + [average])
+            table.rows.append([label, *(f"{v:.1f}" if v is not None else DASH for v in values + [average])])
+        for c in range(len(splits) + 1):
+            column = [row[c] for row in columns]
+            numbers = [v for v in column if v is not None]
+            if len({round(v, 1) for v in numbers}) >= 2:
+                table.bold |= {(i, c + 1) for i, v in enumerate(column) if v is not None and round(v, 1) == round(max(numbers), 1)}
+        tables.append(table)
+    return tables
+
+
+# ----- Table 2 ---------------------------------------------------------------------------------------
+
+
+def reward_of(r: dict[str, Any]) -> float:
+    """The conciseness reward on the paper's [0, 1] scale when the env reports it, else the raw mean."""
+    return (r.get("parts_mean") or {}).get("normalized", r["reward_mean"])
+
+
+def _hparams_text(hparams: dict[str, Any] | None) -> str:
+    return " ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in (hparams or {}).items()) or DASH
+
+
+def hacked(record: dict[str, Any], original: dict[str, Any] | None) -> bool:
+    """High reward while ``correct`` collapses: the reward beats the base model's and the correct
+    rate falls below HACK_CORRECT_RATIO of the base model's."""
+    if record.get("method") == "Original" or original is None:
+        return False
+    return (reward_of(record) > reward_of(original)
+            and record["correct_rate"] < HACK_CORRECT_RATIO * original["correct_rate"])
+
+
+def _pm(values: list[float], digits: int = 3) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.{digits}f}"
+    return f"{_mean(values):.{digits}f} ± {_std(values):.{digits}f}"
+
+
+def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> list[Table]:
+    """Table 2 per (env, split) of records with a KL measurement: reward and KL, mean ± std across
+    seeds, per model, method and hyperparameters; ``*`` marks reward hacking (some seed hacked)."""
+    tables = []
+    for (env, split), group in group_by([r for r in records if r.get("kl_mean") is not None], ("env", "split")).items():
+        normalised = all("normalized" in (r.get("parts_mean") or {}) for r in group)
+        table = Table(f"Table 2: {env} ({split}), reward and KL to the base model",
+                      ["Model", "Method", "Hyperparameters", "Seeds", "Reward", "KL", "Correct", "Hacked"],
+                      text_columns=3)
+        originals = {r.get("base_model"): r for r in group if r["method"] == "Original"}
+        keyed = group_by([dict(r, _h=_hparams_text(r.get("hparams"))) for r in group], ("base_model", "method", "_h"))
+        keys = sorted(keyed, key=lambda k: (str(k[0]), order_methods([k[1] for k in keyed]).index(k[1]), k[2]))
+        for base, method, hp in keys:
+            runs = finals(keyed[(base, method, hp)])
+            flags = [hacked(r, originals.get(base)) for r in runs]
+            star = "*" if any(flags) else ""
+            table.rows.append([model_name(str(base)), method, hp, str(len(runs)),
+                               _pm([reward_of(r) for r in runs]) + star, _pm([r["kl_mean"] for r in runs]) + star,
+                               _pm([r["correct_rate"] for r in runs], 2),
+                               DASH if method == "Original" else f"{sum(flags)}/{len(runs)}" if base in originals else "?"])
+        if paper and env == "Conciseness-v0":
+            for method, hp, rm, rs, km, ks, hack in paper_data.CONCISENESS:
+                star = "*" if hack else ""
+                table.rows.append([f"{paper_data.CONCISENESS_MODEL} (paper)", method, hp, "4", f"{rm:.3f} ± {rs:.3f}{star}",
+                                   f"{km:.3f} ± {ks:.3f}{star}", DASH, "yes" if hack else DASH])
+            table.notes.append("(paper): Qiu et al., Table 2 (Qwen2.5-7B-Instruct, 4 seeds).")
+        table.notes.append(("Reward normalised to [0, 1] (0 = -2000 characters). " if normalised else "")
+                           + "± = std across seeds; KL = mean per-token k3 KL to the base model on sampled responses. "
+                           f"* = reward hacking: reward above the base model's while the correct rate falls below "
+                           f"{HACK_CORRECT_RATIO:g}x the base model's (? = base model not measured).")
+        tables.append(table)
+    return tables
+
+
+def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False) -> list[Table]:
+    """The tables ``which`` (1, 2, splits or all) of ``records``."""
+    tables = []
+    if which in ("1", "all"):
+        tables += method_table(records, paper)
+    if which in ("splits", "all"):
+        tables += split_table(records)
+    if which in ("2", "all"):
+        tables += conciseness_table(records, paper)
+    return tables
+
+
+# ----- rendering -------------------------------------------------------------------------------------
+
+
+_LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", DASH: "--", "*": r"$^{*}$"}
+
+
+def _latex_escape(text: str) -> str:
+    return "".join(_LATEX.get(ch, ch) for ch in text)
+
+
+def _markdown(t: Table) -> str:
+    cell = lambda i, j, v: f"**{v}**" if (i, j) in t.bold else v  # noqa: E731
+    lines = [f"**{t.title}**", "", "| " + " | ".join(t.header) + " |",
+             "|" + "|".join(["---"] * t.text_columns + ["---:"] * (len(t.header) - t.text_columns)) + "|"]
+    lines += ["| " + " | ".join(cell(i, j, v) for j, v in enumerate(row)) + " |" for i, row in enumerate(t.rows)]
+    return "\n".join(lines + ([""] + t.notes if t.notes else []))
+
+
+def _latex(t: Table) -> str:
+    cell = lambda i, j, v: rf"\textbf{{{_latex_escape(v)}}}" if (i, j) in t.bold else _latex_escape(v)  # noqa: E731
+    lines = [r"\begin{table}[t]", r"\centering", r"\begin{tabular}{" + "l" * t.text_columns + "r" * (len(t.header) - t.text_columns) + "}", r"\toprule",
+             " & ".join(rf"\textbf{{{_latex_escape(h)}}}" for h in t.header) + r" \\", r"\midrule"]
+    lines += [" & ".join(cell(i, j, v) for j, v in enumerate(row)) + r" \\" for i, row in enumerate(t.rows)]
+    caption = " ".join([t.title + "."] + t.notes)
+    lines += [r"\bottomrule", r"\end{tabular}", rf"\caption{{{_latex_escape(caption)}}}", r"\end{table}"]
+    return "\n".join(lines)
+
+
+def _csv(t: Table) -> str:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    buffer.write(f"# {t.title}\n")
+    writer.writerow(t.header)
+    writer.writerows([["" if v == DASH else v for v in row] for row in t.rows])
+    return buffer.getvalue().rstrip("\n")
+
+
+def render(tables: list[Table], fmt: str = "markdown") -> str:
+    """``tables`` as markdown, LaTeX (booktabs) or CSV text."""
+    renderer = {"markdown": _markdown, "latex": _latex, "csv": _csv}[fmt]
+    return "\n\n".join(renderer(t) for t in tables) + "\n"
+
+
+def main(argv: list[str] | None = None) -> str:
+    from trainers.config import fail
+
+    parser = argparse.ArgumentParser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
+    parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="summary files, run dirs or directories of them")
+    parser.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
+    parser.add_argument("--table", choices=["1", "2", "splits", "all"], default="all", help="which tables")
+    parser.add_argument("--paper", action="store_true", help="add the paper's published numbers beside ours")
+    parser.add_argument("--out", help="write the tables to this file too")
+    args = parser.parse_args(argv)
+    try:
+        records = load_results(args.paths)
+    except FileNotFoundError as exc:
+        fail(str(exc))
+    tables = build(records, args.table, args.paper)
+    if not tables:
+        fail(f"no table to build from {len(records)} result(s) (Table 1 needs greedy results, Table 2 KL results)")
+    text = render(tables, args.format)
+    print(text, end="")
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+    return text
+
+
+if __name__ == "__main__":
+    main()

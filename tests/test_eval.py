@@ -1,0 +1,262 @@
+"""The evaluation harness: pass@k, tables from fixture results (golden markdown/LaTeX), KL,
+the result cache, the CLI on a tiny in-process model, and plots.
+
+Regenerate the golden files after an intended layout change: ``UPDATE_GOLDEN=1 pytest tests/test_eval.py``.
+"""
+
+import copy
+import json
+import os
+from math import comb
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import eval as harness
+import eval.__main__ as cli
+from eval import kl, passk, plot, table
+from eval.cache import Cache, cache_key
+from trainers.models import load_model as harness_load_model
+
+FIXTURES = Path(__file__).parent / "fixtures" / "eval"
+RESULTS = FIXTURES / "results"
+RUN = FIXTURES / "runs" / "es-Conciseness-v0-seed0"
+
+
+# ----- pass@k ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n, c, k, expected", [
+    (5, 2, 1, 0.4),          # c / n
+    (5, 2, 2, 0.7),          # 1 - C(3,2)/C(5,2) = 1 - 3/10
+    (5, 2, 3, 0.9),          # 1 - C(3,3)/C(5,3) = 1 - 1/10
+    (5, 2, 4, 1.0),          # n - c < k: every 4-subset holds a correct sample
+    (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+    (4, 0, 2, 0.0),
+    (4, 4, 1, 1.0),
+    (20, 1, 20, 1.0),
+])
+def test_pass_at_k_hand_computed(n, c, k, expected):
+    assert passk.pass_at_k(n, c, k) == pytest.approx(expected, abs=1e-12)
+
+
+def test_pass_at_k_matches_the_binomial_formula_and_averages_over_problems():
+    for n in range(1, 12):
+        for c in range(n + 1):
+            for k in range(1, n + 1):
+                exact = 1 - comb(n - c, k) / comb(n, k)
+                assert passk.pass_at_k(n, c, k) == pytest.approx(exact, abs=1e-12)
+    ks = passk.pass_at_ks([[True, False, False], [False, False, False]])
+    assert ks == pytest.approx({1: (1 / 3 + 0) / 2, 2: (2 / 3 + 0) / 2, 3: 0.5})
+    with pytest.raises(ValueError):
+        passk.pass_at_k(3, 4, 1)
+    with pytest.raises(ValueError):
+        passk.pass_at_ks([[True], [True, False]])
+
+
+# ----- tables ---------------------------------------------------------------------------------------
+
+
+def _golden(name: str, text: str) -> None:
+    path = FIXTURES / "golden" / name
+    if os.environ.get("UPDATE_GOLDEN"):
+        path.write_text(text)
+    assert text == path.read_text(), f"{name} changed; UPDATE_GOLDEN=1 rewrites it"
+
+
+@pytest.mark.parametrize("fmt, paper, name", [("markdown", False, "tables.md"), ("latex", False, "tables.tex"),
+                                              ("csv", False, "tables.csv"), ("markdown", True, "tables_paper.md")])
+def test_table_layout_golden(fmt, paper, name):
+    records = harness.load_results([str(RESULTS)])
+    _golden(name, table.render(table.build(records, "all", paper), fmt))
+
+
+def test_table1_columns_bold_and_seed_means():
+    records = harness.load_results([str(RESULTS / "countdown.summary.json")])
+    [t1] = table.method_table(records)
+    assert t1.header == ["Base model", "Original", "PPO", "GRPO (8)", "Dr.GRPO", "ES"]  # the paper's order
+    smol = t1.rows[0]
+    assert smol[0] == "SmolLM2-135M-Instruct" and smol[-1] == "2.3"  # mean of seeds 2.1, 2.5; checkpoint ignored
+    assert (0, 5) in t1.bold and (0, 1) not in t1.bold
+    assert "13.0" not in t1.rows[1]  # the paper's GRPO-verl only with --paper
+
+
+def test_table2_flags_reward_hacking():
+    records = harness.load_results([str(RESULTS / "conciseness.summary.json")])
+    [t2] = table.conciseness_table(records)
+    rows = {r[1]: r for r in t2.rows}
+    assert rows["GRPO (30)"][4].endswith("*") and rows["GRPO (30)"][7] == "1/2"  # correct 0.10 < 0.5 * 0.60
+    assert rows["ES"][4] == "0.910 ± 0.010" and rows["ES"][7] == "0/2"
+    assert rows["Original"][5] == "0.000"
+
+
+def test_run_dir_without_results_uses_its_log():
+    records = harness.load_results([str(RUN)])
+    assert [(r["method"], r["pass@1"]) for r in records] == [("Original", 0.25), ("ES", 0.35)]
+    assert all(r["source"] == "log" for r in records)
+
+
+@pytest.mark.parametrize("config, name, method", [
+    ({"population": 30, "sigma": 0.001}, "x", "ES"),
+    ({"loss": "grpo", "group_size": 8}, "x", "GRPO (8)"),
+    ({"loss_type": "dr_grpo", "group_size": 8}, "x", "Dr.GRPO"),
+    ({"algorithm": "PPO"}, "x", "PPO"),
+    ({"method": "es", "loss": "grpo"}, "x", "ES"),
+    ({}, "grpo-Countdown-v0-2025", "GRPO"),
+    ({}, "mystery", "unknown"),
+])
+def test_method_inferred_from_run_config(config, name, method):
+    assert harness.infer_method(config, name) == method
+
+
+def test_table_cli(capsys, tmp_path):
+    out = tmp_path / "t.tex"
+    table.main([str(RESULTS), "--format", "latex", "--table", "1", "--out", str(out)])
+    assert r"\textbf{2.3}" in capsys.readouterr().out and out.read_text().startswith(r"\begin{table}")
+    with pytest.raises(SystemExit):
+        table.main([str(tmp_path / "missing")])
+    assert "no such result file" in capsys.readouterr().err
+
+
+# ----- KL -------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def sampled(tiny_model, tiny_tokenizer):
+    """(prompt ids, sampled completion ids) of 6 responses of the tiny model."""
+    from trainers.generation import encode_prompts, generate
+
+    prompts = [[{"role": "user", "content": q}] for q in ["What is the capital of France?", "Say 42.", "Sudoku?"]]
+    out = generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=0, num_return_sequences=2)
+    prompt_ids = encode_prompts(tiny_tokenizer, prompts)
+    return [prompt_ids[i // 2] for i in range(6)], out.token_ids
+
+
+def test_kl_of_a_model_against_itself_is_zero_and_positive_for_a_perturbed_copy(tiny_model, tiny_tokenizer, sampled):
+    prompts, completions = sampled
+    pad = tiny_tokenizer.pad_token_id
+    same = kl.response_kl(tiny_model, tiny_model, prompts, completions, batch_size=4, pad_id=pad)
+    assert max(abs(v) for v in same) < 1e-6
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
+    diff = kl.response_kl(other, tiny_model, prompts, completions, batch_size=4, pad_id=pad)
+    assert all(v > 0 for v in diff) and sum(diff) / len(diff) > 1e-4
+
+
+def test_token_logprobs_ignore_padding(tiny_model, sampled):
+    prompts, completions = sampled
+    batched = kl.token_logprobs(tiny_model, prompts, completions, batch_size=6)
+    alone = [kl.token_logprobs(tiny_model, [p], [c])[0] for p, c in zip(prompts, completions)]
+    for a, b, c in zip(batched, alone, completions):
+        assert len(a) == len(c) and torch.allclose(a, b, atol=1e-5)
+    p, c = prompts[0], completions[0]  # against a plain unpadded forward pass
+    with torch.no_grad():
+        full = torch.log_softmax(tiny_model(input_ids=torch.tensor([p + c])).logits[0], dim=-1)
+    expected = torch.stack([full[len(p) - 1 + i, t] for i, t in enumerate(c)])
+    assert torch.allclose(batched[0], expected, atol=1e-5)
+    assert float(kl.k3(torch.tensor([-1.0]), torch.tensor([-2.0]))) == pytest.approx(torch.e - 1 - 1)
+
+
+# ----- the CLI, the cache ---------------------------------------------------------------------------
+
+
+ARGS = ["--env", "Conciseness-v0", "--max-new-tokens", "6", "--score-workers", "0"]
+
+
+def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, monkeypatch, capsys):
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [first] = cli.main(args)
+    assert not first["cached"] and first["n"] == 8 and first["method"] == "Original"
+    assert "tokens/s" in capsys.readouterr().out
+    rows = [json.loads(line) for line in (tmp_path / "out" / "Conciseness-v0.test.greedy.jsonl").read_text().splitlines()]
+    assert len(rows) == 8 and {"id", "completion", "reward", "correct"} <= set(rows[0])
+
+    def boom(*a, **k):
+        raise AssertionError("generate called despite a cached result")
+
+    monkeypatch.setattr(cli, "generate", boom)
+    monkeypatch.setattr("trainers.models.load_model", boom)  # a cached local model is not even loaded
+    [second] = cli.main(args)
+    assert second["cached"] and second["pass@1"] == first["pass@1"] and second["reward_mean"] == first["reward_mean"]
+    monkeypatch.setattr("trainers.models.load_model", harness_load_model)
+    with pytest.raises(AssertionError, match="generate called"):
+        cli.main([*args, "--max-new-tokens", "7"])  # another decoding setting is another key
+
+
+def test_cache_key_is_order_independent_and_cache_can_be_off(tmp_path):
+    assert cache_key(a=1, b=[1, 2]) == cache_key(b=[1, 2], a=1) != cache_key(a=1, b=[2, 1])
+    off = Cache(tmp_path, enabled=False)
+    off.put("k" * 32, {"x": 1})
+    assert off.get("k" * 32) is None and not any(tmp_path.iterdir())
+
+
+def test_run_dir_with_samples_pass_at_k_and_kl(tiny_model, tiny_tokenizer, tiny_model_dir, tmp_path):
+    from trainers.models import save_model
+
+    run = tmp_path / "es-Conciseness-v0-x"
+    tuned = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in tuned.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(2)))
+    save_model(tuned, tiny_tokenizer, run / "final")
+    (run / "config.yaml").write_text(yaml.safe_dump({"env": "Conciseness-v0", "model": str(tiny_model_dir),
+                                                     "population": 4, "sigma": 0.05, "alpha": 0.02, "seed": 7}))
+    cache = ["--cache", str(tmp_path / "cache")]
+    [es] = cli.main([*ARGS, "--model", str(run), "--samples", "3", "--kl-to", "base", "--limit", "4", *cache])
+    assert (es["method"], es["base_model"], es["seed"], es["n"], es["responses"]) == ("ES", str(tiny_model_dir), 7, 4, 12)
+    assert es["hparams"] == {"alpha": 0.02, "sigma": 0.05} and es["temperature"] == 1.0
+    assert set(es["pass@k"]) == {"1", "2", "3"} and es["pass@k"]["1"] <= es["pass@k"]["2"] <= es["pass@k"]["3"]
+    assert es["kl_mean"] > 0 and es["file"].startswith(str(run / "eval"))
+    [base] = cli.main([*ARGS, "--model", str(tiny_model_dir), "--samples", "3", "--kl-to", "base", "--limit", "4",
+                       "--out", str(tmp_path / "base"), *cache])
+    assert base["kl_mean"] == 0.0 and base["method"] == "Original"
+    [t2] = table.conciseness_table(harness.load_results([str(run), str(tmp_path / "base")]))
+    assert [r[1] for r in t2.rows] == ["Original", "ES"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "Nope-v0"], "unknown env id 'Nope-v0'"),
+    (["--split", "validation"], "unknown split 'validation'"),
+    (["--samples", "4", "--temperature", "0"], "--samples: needs --temperature > 0"),
+    (["--data", "/nonexistent.jsonl"], "--data: no such file"),
+    (["--model", "/nonexistent/model"], "no such model or run directory"),
+    (["--env-args", "[1]"], "--env-args: must be a JSON object"),
+])
+def test_cli_errors_are_one_clear_line(argv, message, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        cli.main([*ARGS, "--model", str(tiny_model_dir), "--cache", "off", "--out", str(tmp_path), *argv])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err.strip().splitlines()[-1]  # one line (after argparse's usage for flag errors)
+
+
+def test_run_dir_without_final_model(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("env: Conciseness-v0\nmodel: smollm2-135m\npopulation: 4\nsigma: 0.1\n")
+    (run / "log.jsonl").write_text("")
+    with pytest.raises(SystemExit):
+        cli.main([*ARGS, "--model", str(run), "--cache", "off"])
+    assert "has no final/ model yet" in capsys.readouterr().err
+
+
+# ----- plots ----------------------------------------------------------------------------------------
+
+
+def test_pareto_front():
+    points = [(0.5, 0.8), (0.1, 0.6), (0.3, 0.9), (0.2, 0.5), (0.0, 0.6)]
+    assert plot.pareto_front(points) == [(0.0, 0.6), (0.3, 0.9)]
+
+
+def test_plots_are_written(tmp_path):
+    files = plot.main([str(RESULTS), str(RUN), "--out", str(tmp_path)])
+    names = sorted(f.name for f in files)
+    assert names == ["curves-Conciseness-v0.png", "improvement.png", "pareto-Conciseness-v0-test.png"]
+    for f in files:
+        assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 10_000
+    gains = plot.improvements(harness.load_results([str(RESULTS)]))
+    assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct"]["ES"] == pytest.approx(1.9)
