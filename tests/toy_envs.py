@@ -32,3 +32,24 @@ class EchoEnv(TaskEnv):
 
 
 register("Echo-v0", EchoEnv)
+
+
+class LetterEnv(TaskEnv):
+    """Write the letter "a": reward = the share of the completion's characters that are "a" (0 for
+    an empty one). Trivially learnable: RL trainers' tests check that the reward rises."""
+
+    max_new_tokens = 6
+    score_workers = 0
+
+    def build_split(self, split: str) -> list[Example]:
+        return [Example(f"{split}-{i}", chat(f"Write the letter a. ({i})"), "a") for i in range(4)]
+
+    def parse_row(self, row, index):
+        return Example(str(row.get("id", index)), chat(require(row, "question")), require(row, "answer"))
+
+    def score_completion(self, completion: str, example: Example) -> Score:
+        share = completion.count(example.answer) / len(completion) if completion else 0.0
+        return Score(share, share >= 0.5, {"share": share})
+
+
+register("Letter-v0", LetterEnv)

@@ -1,0 +1,304 @@
+"""GRPO and Dr.GRPO: the losses on a hand-computed example, the shared RL pieces (log-probs, KL,
+gradient accumulation), and end-to-end runs on a tiny random model and a trivially learnable env
+(the reward must rise: the update's sign and plumbing), resume, the sample budget and the sweep."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+import llm_envs
+from trainers import grpo, policy, sweep
+from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
+from trainers.policy import Budget, kl_k3, micro_batches, pad, sample, token_logprobs
+
+LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny-model runs are ~5x faster on one thread on a shared 2-core machine (no spinning)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def log_of(run_dir) -> list[dict]:
+    return [json.loads(line) for line in (Path(run_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def train_rewards(run_dir) -> list[float]:
+    return [r["reward_mean"] for r in log_of(run_dir) if "reward_mean" in r]
+
+
+def grpo_args(model_dir, out, *extra):
+    return ["--env", LETTER, "--model", str(model_dir), "--out", str(out), "--steps", "8", "--batch-size", "4",
+            "--group-size", "8", "--lr", "1e-2", "--eval-every", "0", "--seed", "0", *extra]
+
+
+# ----- the losses, by hand ----------------------------------------------------------------------
+
+# One group of G=2 responses: rewards 1 and 0; response 0 has 2 tokens, response 1 has 3. The
+# policy's log-probs are 0; the sampling policy's give ratios [1, 1.5] and [1, 1, 1]. The pad
+# position holds garbage: masking must ignore it.
+REWARDS = torch.tensor([1.0, 0.0])
+MASK = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+OLD = torch.tensor([[0.0, -math.log(1.5), -30.0], [0.0, 0.0, 0.0]])
+EPS = 0.2
+
+
+def test_group_advantages_by_hand():
+    a = 0.5 / (math.sqrt(0.5) + 1e-6)  # unbiased std of {1, 0} is sqrt(0.5)
+    assert torch.allclose(group_advantages(REWARDS, 2, scale_by_std=True), torch.tensor([a, -a]))
+    assert torch.equal(group_advantages(REWARDS, 2, scale_by_std=False), torch.tensor([0.5, -0.5]))
+    # groups are independent; equal rewards give zero advantages (no NaN)
+    adv = group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, scale_by_std=True)
+    assert torch.allclose(adv, torch.tensor([a, -a, 0.0, 0.0]))
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
+def test_grpo_and_dr_grpo_losses_by_hand(loss_type):
+    adv = group_advantages(REWARDS, 2, scale_by_std=loss_type == "grpo")
+    denominator = loss_denominator(loss_type, num_responses=2, num_tokens=5, loss_norm=3)
+    logp = torch.zeros(2, 3, requires_grad=True)
+    loss, sums = grpo_loss(logp, OLD, adv, MASK, denominator, EPS)
+    loss.backward()
+    # per token -min(r A, clip(r) A): response 0: -A, -1.2 A (ratio 1.5 clipped to 1.2);
+    # response 1 (advantage -A): +A three times. Sum = 0.8 A.
+    if loss_type == "grpo":  # A = 0.5 / std, divided by the step's 5 tokens
+        A = 0.5 / (math.sqrt(0.5) + 1e-6)
+        expected, scale = 0.8 * A / 5, 5
+    else:  # A = 0.5 (no std), divided by 2 responses x loss_norm 3
+        A = 0.5
+        expected, scale = 0.8 * A / 6, 6
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+    assert sums["clip_frac"] == 1  # one clipped token
+    # d loss / d logp: -A/scale on the unclipped token, 0 on the clipped one, +A/scale on response 1; 0 on the pad
+    grad = torch.tensor([[-A, 0.0, 0.0], [A, A, A]]) / scale
+    assert torch.allclose(logp.grad, grad, atol=1e-7)
+
+
+def test_kl_term_by_hand():
+    # ref log-prob log(0.5) on every token, policy log-prob 0: k3 = 0.5 - log(0.5) - 1 = log 2 - 0.5
+    k3 = math.log(2) - 0.5
+    ref = torch.full((2, 3), math.log(0.5))
+    assert torch.allclose(kl_k3(torch.zeros(2, 3), ref), torch.full((2, 3), k3))
+    logp = torch.zeros(2, 3)
+    adv = group_advantages(REWARDS, 2, scale_by_std=True)
+    plain, _ = grpo_loss(logp, OLD, adv, MASK, 5.0, EPS)
+    with_kl, sums = grpo_loss(logp, OLD, adv, MASK, 5.0, EPS, beta=0.04, ref_logp=ref)
+    assert with_kl.item() == pytest.approx(plain.item() + 0.04 * 5 * k3 / 5, rel=1e-6)
+    assert sums["kl"] == pytest.approx(5 * k3, rel=1e-6)
+
+
+def test_kl_is_zero_against_itself(tiny_model, tiny_tokenizer):
+    env = llm_envs.make(LETTER)
+    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train"), 3, 6, seed=0)
+    batch = pad(s.prompt_ids, s.completion_ids, tiny_tokenizer.pad_token_id)
+    logp = token_logprobs(tiny_model, batch)
+    ref = token_logprobs(copy.deepcopy(tiny_model), batch)
+    assert torch.equal(kl_k3(logp, ref) * batch.mask, torch.zeros_like(logp))
+    # and in the trainer: the first step's KL to the frozen copy is exactly 0
+    cfg = GRPOConfig(env=LETTER, group_size=3, max_new_tokens=6, beta=0.1)
+    cfg.validate()
+    model = copy.deepcopy(tiny_model)
+    algo = GRPO(cfg, model, tiny_tokenizer, ref=copy.deepcopy(tiny_model))
+    stats = algo.update(algo.prepare(s), policy.make_optimizer(algo.param_groups(), 1e-3))
+    assert stats["kl"] == 0.0
+
+
+def test_logprobs_equal_unpadded_forward(tiny_model, tiny_tokenizer):
+    env = llm_envs.make(LETTER)
+    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:3], 2, 6, seed=1)
+    lengths = [len(c) for c in s.completion_ids]
+    s.completion_ids[0] = s.completion_ids[0][:2]  # ragged completions
+    batch = pad(s.prompt_ids, s.completion_ids, tiny_tokenizer.pad_token_id)
+    logp = token_logprobs(tiny_model, batch)
+    assert batch.mask.sum().item() == sum(lengths) - lengths[0] + 2
+    for i, (p, c) in enumerate(zip(s.prompt_ids, s.completion_ids)):
+        with torch.no_grad():
+            full = tiny_model(torch.tensor([p + c])).logits[0].log_softmax(-1)
+        expected = torch.stack([full[len(p) - 1 + t, tok] for t, tok in enumerate(c)])
+        assert torch.allclose(logp[i, :len(c)], expected, atol=1e-5)
+
+
+def test_sampling_returns_groups_with_token_ids(tiny_model, tiny_tokenizer):
+    env = llm_envs.make(LETTER)
+    examples = env.examples("train")[:2]
+    s = sample(tiny_model, tiny_tokenizer, env, examples, 4, 6, seed=3)
+    assert len(s) == 8 and [e.id for e in s.examples] == [examples[0].id] * 4 + [examples[1].id] * 4
+    assert all(1 <= len(c) <= 6 for c in s.completion_ids)
+    assert len({tuple(c) for c in s.completion_ids}) > 1  # sampled, not greedy
+    again = sample(tiny_model, tiny_tokenizer, env, examples, 4, 6, seed=3)
+    assert again.completion_ids == s.completion_ids  # seeded
+    for ids, text in zip(s.completion_ids, s.texts):
+        assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == text
+
+
+def step_gradients(model, tokenizer, samples, **options) -> dict[str, torch.Tensor]:
+    """The gradient of one GRPO update (captured instead of applied)."""
+    cfg = GRPOConfig(env=LETTER, group_size=4, max_new_tokens=6, beta=0.05, max_grad_norm=0, **options)
+    cfg.validate()
+    ref = copy.deepcopy(model).requires_grad_(False)
+    algo = GRPO(cfg, model, tokenizer, ref=ref)
+    captured = {}
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    algo.update(algo.prepare(samples), Spy(model.parameters(), lr=0.0))
+    return captured
+
+
+def test_gradient_accumulation_and_checkpointing_give_the_full_batch_gradient(tiny_model, tiny_tokenizer,
+                                                                               tiny_model_dir):
+    env = llm_envs.make(LETTER)
+    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:2], 4, 6, seed=2)
+    s.rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.0, 0.3, 0.9, 0.1])
+    full = step_gradients(copy.deepcopy(tiny_model), tiny_tokenizer, s)
+    accumulated = step_gradients(copy.deepcopy(tiny_model), tiny_tokenizer, s, grad_accum=3)
+    assert micro_batches(8, 3) == [slice(0, 3), slice(3, 5), slice(5, 8)]
+    model, tokenizer = policy.load_policy(str(tiny_model_dir), "cpu", gradient_checkpointing=True)
+    assert getattr(model, "is_activation_checkpointing", None) or model.is_gradient_checkpointing
+    checkpointed = step_gradients(model, tokenizer, s)
+    for name in full:
+        assert torch.allclose(full[name], accumulated[name], atol=1e-6), name
+        assert torch.allclose(full[name], checkpointed[name], atol=1e-6), name
+
+
+def test_budget():
+    b = Budget(max_samples=70)
+    assert b.allows(32)
+    b.add(32, 100)
+    b.add(32, 90)
+    assert not b.allows(32) and (b.samples, b.tokens) == (64, 190)
+    assert Budget().allows(10 ** 12)
+
+
+# ----- the trainer, end to end ------------------------------------------------------------------
+
+
+def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    grpo.main(grpo_args(tiny_model_dir, out, "--eval-every", "4"))
+    rewards = train_rewards(out)
+    assert len(rewards) == 8
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+    log = log_of(out)
+    train = [r for r in log if "reward_mean" in r]
+    assert [r["iteration"] for r in train] == list(range(1, 9))
+    assert [r["samples"] for r in train] == [32 * k for k in range(1, 9)]  # cumulative responses
+    assert all(b["tokens"] > a["tokens"] for a, b in zip(train, train[1:]))  # cumulative tokens
+    assert train[0]["kl"] == 0.0 and train[-1]["kl"] > 0
+    assert {r["iteration"] for r in log if "eval_pass@1" in r} == {0, 4, 8}
+    assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()
+
+
+def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_model_dir, monkeypatch):
+    def no_reference(*a, **k):
+        raise AssertionError("Dr.GRPO has beta 0: the reference model must not be loaded")
+
+    monkeypatch.setattr(policy, "load_reference", no_reference)
+    out = tmp_path / "run"
+    grpo.main(grpo_args(tiny_model_dir, out, "--loss", "dr_grpo"))
+    assert grpo.resolve(["--loss", "dr_grpo"]).beta == 0.0 and grpo.resolve([]).beta == 1e-3
+    rewards = train_rewards(out)
+    assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
+
+
+def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
+    out = tmp_path / "run"
+    args = grpo_args(tiny_model_dir, out, "--steps", "4", "--checkpoint-every", "2", "--batch-size", "2",
+                     "--group-size", "4")
+    calls = {"n": 0}
+    real = policy.sample
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 4:  # in step 4, after the checkpoint of step 2
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(policy, "sample", dying)
+    with pytest.raises(KeyboardInterrupt):
+        grpo.main(args)
+    monkeypatch.setattr(policy, "sample", real)
+    ckpt = out / "checkpoints" / "000002"
+    assert (ckpt / "trainer.pt").is_file() and not (out / "final").exists()
+    saved = torch.load(ckpt / "trainer.pt", weights_only=False)
+    assert all(s["step"] == 2 for s in saved["optimizer"]["state"].values())  # two AdamW steps taken
+    with pytest.raises(SystemExit):  # the same --out without --resume is refused
+        grpo.main(args)
+    grpo.main(["--resume", str(out)])
+    train = [r for r in log_of(out) if "reward_mean" in r]
+    assert [r["iteration"] for r in train] == [1, 2, 3, 4]  # step 3 (lost with the kill) redone once
+    assert [r["samples"] for r in train] == [8, 16, 24, 32]
+    assert (out / "final" / "model.safetensors").is_file()
+
+
+def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    grpo.main(grpo_args(tiny_model_dir, out, "--max-samples", "70", "--steps", "10"))
+    train = [r for r in log_of(out) if "reward_mean" in r]
+    assert [r["samples"] for r in train] == [32, 64]
+    assert log_of(out)[-1]["iteration"] == 2 and "eval_reward" in log_of(out)[-1]
+    assert (out / "final").is_dir()
+
+
+def test_epochs_reuse_each_batch_and_clip(tmp_path, tiny_model_dir):
+    out = tmp_path / "run"
+    grpo.main(grpo_args(tiny_model_dir, out, "--steps", "4", "--epochs", "2"))
+    train = [r for r in log_of(out) if "reward_mean" in r]
+    assert [r["samples"] for r in train] == [32, 32, 64, 64]  # one sampled batch per 2 optimizer steps
+    assert train[0]["clip_frac"] == 0 and train[1]["clip_frac"] > 0  # the second step on a batch is off-policy
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--env", "Nope-v0"], "unknown env id 'Nope-v0'"),
+    (["--loss", "ppo"], "invalid choice"),
+    (["--group-size", "1"], "--group-size: must be >= 2"),
+    (["--lr", "0"], "--lr: must be a positive number"),
+    (["--beta", "-1"], "--beta: must be >= 0"),
+    (["--max-samples", "0"], "--max-samples: must be >= 1"),
+    (["--resume", "/nonexistent-run"], "--resume /nonexistent-run: no run there"),
+])
+def test_cli_errors_are_one_clear_line(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        grpo.main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_sweep_runs_the_grid_and_keeps_the_best(tmp_path, tiny_model_dir):
+    out = tmp_path / "sweep"
+    argv = ["grpo", "--betas", "0,0.01", "--lrs", "1e-6,1e-2", "--metric", "eval_reward", "--out", str(out),
+            "--env", LETTER, "--model", str(tiny_model_dir), "--steps", "3", "--batch-size", "4",
+            "--group-size", "8", "--eval-every", "0"]
+    sweep.main(argv)
+    summary = json.loads((out / "sweep.json").read_text())
+    runs = {r["run"]: r for r in summary["results"]}
+    assert set(runs) == {"beta=0_lr=1e-06", "beta=0_lr=0.01", "beta=0.01_lr=1e-06", "beta=0.01_lr=0.01"}
+    key = lambda k: (runs[k]["eval_reward"], runs[k]["eval_pass@1"], runs[k]["train_reward_late"])  # noqa: E731
+    assert summary["best"] == max(runs, key=key)
+    assert "lr=0.01" in summary["best"]  # the learning rate that learns wins
+    best = out / summary["best"]
+    assert (out / "best").resolve() == best.resolve() and (best / "final").is_dir()
+    assert all(not (out / k / "final").exists() for k in runs if k != summary["best"])
+    assert all((out / k / "log.jsonl").is_file() for k in runs)  # every run keeps its logs
+    cfg = grpo.resolve(["--resume", str(out / "beta=0.01_lr=1e-06")])
+    assert (cfg.beta, cfg.lr, cfg.steps) == (0.01, 1e-6, 3)
+    # repeating the command skips the finished runs
+    before = {k: (out / k / "log.jsonl").read_text() for k in runs}
+    sweep.main(argv)
+    assert {k: (out / k / "log.jsonl").read_text() for k in runs} == before
+
+
+def test_sweep_refuses_flags_it_sets(capsys):
+    with pytest.raises(SystemExit):
+        sweep.main(["grpo", "--lr", "1e-5", "--env", "Nope-v0"])  # (the env stops it if the check fails)
+    assert "--lr is set by the sweep" in capsys.readouterr().err

@@ -1,0 +1,212 @@
+"""Proximal Policy Optimization (Schulman et al. 2017) for LLM fine-tuning, TinyZero/verl style, on
+any llm_envs environment.
+
+A value head (a linear critic on the policy's last hidden state, sharing its trunk) scores every
+completion position. Each sampled batch is turned into per-token rewards and advantages:
+
+    reward_t  = -beta * kl_t                      (kl_t = logp_t - ref_t by default, k3 optional)
+              + R          at the last token      (the environment's outcome reward)
+    delta_t   = reward_t + V_{t+1} - V_t          (gamma = 1; V after the last token = 0)
+    A_t       = sum_k lambda^k delta_{t+k}        (GAE), returns G_t = A_t + V_t,
+                then A whitened over the batch's tokens
+
+and each optimizer step minimises the token-mean (over all completion tokens of the batch) of
+
+    -min(r_t A_t, clip(r_t, 1 - eps, 1 + eps) A_t)
+    + vf_coef * 0.5 * max((V_t - G_t)^2, (clip(V_t, V_old - c, V_old + c) - G_t)^2)
+
+with r_t = pi(y_t) / pi_old(y_t) (old: the policy that sampled the batch).
+
+    python -m trainers.ppo --env Countdown-v0
+    python -m trainers.ppo --env Countdown-v0 --lam 0.95 --epochs 2
+    python -m trainers.ppo --resume runs/ppo-Countdown-v0-...        # from the latest checkpoint
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from trainers import policy
+from trainers.config import check
+from trainers.policy import (KL_ESTIMATORS, RLConfig, Samples, clip_and_step, clipped_surrogate, masked_sum,
+                             masked_whiten, micro_batches, pad, token_logprobs)
+
+
+@dataclass
+class PPOConfig(RLConfig):
+    batch_size: int = field(default=16, metadata={"help": "training prompts per sampled batch"})
+    group_size: int = field(default=1, metadata={"help": "sampled responses per prompt"})
+    lam: float = field(default=1.0, metadata={"help": "GAE lambda (gamma is 1)"})
+    vf_coef: float = field(default=0.1, metadata={"help": "weight of the value loss"})
+    value_clip: float = field(default=0.2, metadata={"help": "clip range of the value prediction around the old value"})
+    value_lr: float = field(default=1e-5, metadata={"help": "learning rate of the value head (the policy's trunk uses --lr)"})
+    kl_estimator: str = field(default="k1", metadata={"help": "per-token KL in the reward: k1 = logp - ref, k3 = exp(ref - logp) - (ref - logp) - 1",
+                                                      "choices": ["k1", "k3"]})
+    whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch's tokens"})
+
+    def validate(self) -> None:
+        super().validate()
+        if self.beta is None:
+            self.beta = 1e-3
+        check(0 <= self.lam <= 1, "lam", "must be in [0, 1]")
+        check(self.vf_coef >= 0, "vf_coef", "must be >= 0")
+        check(self.value_clip > 0, "value_clip", "must be > 0")
+        check(self.value_lr > 0 and math.isfinite(self.value_lr), "value_lr", "must be a positive number")
+
+
+# ----- the algorithm ----------------------------------------------------------------------------
+
+
+class ValueHead(torch.nn.Module):
+    """V(s_t): a linear map of the last hidden state, zero-initialised (V = 0 before training)."""
+
+    def __init__(self, hidden_size: int):
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden.float()).squeeze(-1)
+
+
+def token_rewards(outcome: torch.Tensor, kl: torch.Tensor | None, mask: torch.Tensor, beta: float) -> torch.Tensor:
+    """``[B, T]`` rewards: ``-beta * kl`` on every completion token, plus the outcome at the last one."""
+    rewards = torch.zeros_like(mask) if kl is None else -beta * kl * mask
+    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    rewards[torch.arange(len(last)), last] += outcome.to(rewards)
+    return rewards
+
+
+def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, lam: float, gamma: float = 1.0):
+    """Generalised advantage estimates and returns ``[B, T]``; the value after a completion's last
+    token is 0 (the episode ends there)."""
+    values = values * mask
+    advantages = torch.zeros_like(rewards)
+    running = torch.zeros_like(rewards[:, 0])
+    T = rewards.shape[1]
+    for t in reversed(range(T)):
+        alive = mask[:, t + 1] if t + 1 < T else torch.zeros_like(running)
+        next_value = values[:, t + 1] * alive if t + 1 < T else torch.zeros_like(running)
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        running = delta + gamma * lam * running * alive
+        advantages[:, t] = running
+    return advantages * mask, (advantages + values) * mask
+
+
+def ppo_loss(logp, old_logp, advantages, values, old_values, returns, mask, denominator: float,
+             clip_eps: float, value_clip: float, vf_coef: float):
+    """Clipped policy loss + vf_coef * clipped value loss (token sums / ``denominator``), and
+    per-token sums for logging."""
+    pg, clipped = clipped_surrogate(logp, old_logp, advantages, clip_eps)
+    v_clipped = old_values + torch.clamp(values - old_values, -value_clip, value_clip)
+    vf = 0.5 * torch.maximum((values - returns) ** 2, (v_clipped - returns) ** 2)
+    loss = (masked_sum(pg, mask) + vf_coef * masked_sum(vf, mask)) / denominator
+    return loss, {"pg_loss": masked_sum(pg.detach(), mask).item(), "value_loss": masked_sum(vf.detach(), mask).item(),
+                  "clip_frac": masked_sum(clipped.float(), mask).item()}
+
+
+@dataclass
+class Batch:
+    """A sampled batch with its per-token old log-probs, old values, advantages and returns (one
+    ``[b, T_part]`` tensor per micro-batch)."""
+
+    samples: Samples
+    parts: list[slice]
+    old_logp: list[torch.Tensor]
+    old_values: list[torch.Tensor]
+    advantages: list[torch.Tensor]
+    returns: list[torch.Tensor]
+    kl: float  # mean per-token KL estimate to the reference (0 without one)
+    value_mean: float  # mean old value over the completion tokens
+
+
+class PPO:
+    name = "PPO"
+
+    def __init__(self, cfg: PPOConfig, model, tokenizer, ref=None):
+        self.cfg, self.model, self.ref = cfg, model, ref
+        self.pad_id = tokenizer.pad_token_id
+        self.device = next(model.parameters()).device
+        self.value_head = ValueHead(model.config.hidden_size).to(self.device)
+        self.modules = {"value_head": self.value_head}  # saved with checkpoints, restored on resume
+
+    def param_groups(self) -> list[dict]:
+        return [{"params": [p for p in self.model.parameters() if p.requires_grad]},
+                {"params": list(self.value_head.parameters()), "lr": self.cfg.value_lr}]
+
+    def forward(self, samples: Samples, part: slice):
+        """(log-probs, values, mask) of one micro-batch under the current policy and critic."""
+        mb = pad(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device)
+        logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature, hidden=True)
+        return logp, self.value_head(hidden), mb
+
+    @torch.no_grad()
+    def prepare(self, samples: Samples) -> Batch:
+        cfg = self.cfg
+        parts = micro_batches(len(samples), cfg.grad_accum)
+        old_logp, old_values, masks, rewards, kl_sum = [], [], [], [], 0.0
+        for part in parts:
+            logp, values, mb = self.forward(samples, part)
+            kl = None
+            if self.ref is not None:
+                kl = KL_ESTIMATORS[cfg.kl_estimator](logp, token_logprobs(self.ref, mb, cfg.temperature))
+                kl_sum += masked_sum(kl, mb.mask).item()
+            old_logp.append(logp)
+            old_values.append(values)
+            masks.append(mb.mask)
+            rewards.append(token_rewards(samples.rewards[part].to(self.device), kl, mb.mask, cfg.beta))
+        # GAE per micro-batch (rows are independent); whitening over the whole batch's tokens.
+        adv_ret = [gae(r, v, m, cfg.lam) for r, v, m in zip(rewards, old_values, masks)]
+        advantages, returns = [a for a, _ in adv_ret], [g for _, g in adv_ret]
+        if cfg.whiten_advantages:
+            width = max(m.shape[1] for m in masks)
+            flat = lambda xs: torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs])  # noqa: E731
+            white = masked_whiten(flat(advantages), flat(masks))
+            advantages = [white[p][:, :m.shape[1]] for p, m in zip(parts, masks)]
+        tokens = max(1, samples.num_tokens)
+        value_sum = sum(masked_sum(v, m).item() for v, m in zip(old_values, masks))
+        return Batch(samples, parts, old_logp, old_values, advantages, returns, kl_sum / tokens, value_sum / tokens)
+
+    def update(self, batch: Batch, optimizer) -> dict[str, float]:
+        """One optimizer step on the whole sampled batch (micro-batch gradients accumulated)."""
+        cfg = self.cfg
+        self.model.train()
+        denominator = float(max(1, batch.samples.num_tokens))
+        loss_total, sums = 0.0, {}
+        for k, part in enumerate(batch.parts):
+            logp, values, mb = self.forward(batch.samples, part)
+            loss, part_sums = ppo_loss(logp, batch.old_logp[k], batch.advantages[k], values, batch.old_values[k],
+                                       batch.returns[k], mb.mask, denominator, cfg.clip_eps, cfg.value_clip,
+                                       cfg.vf_coef)
+            loss.backward()
+            loss_total += loss.item()
+            for key, v in part_sums.items():
+                sums[key] = sums.get(key, 0.0) + v
+        params = [p for g in self.param_groups() for p in g["params"]]
+        grad_norm = clip_and_step(params, optimizer, cfg.max_grad_norm)
+        self.model.eval()
+        return {"loss": loss_total, "grad_norm": grad_norm, "kl": batch.kl,
+                **{k: v / denominator for k, v in sums.items()}, "value_mean": batch.value_mean}
+
+
+# ----- the run ----------------------------------------------------------------------------------
+
+
+def train(cfg: PPOConfig):
+    return policy.train(cfg, PPO)
+
+
+def resolve(argv: list[str] | None = None) -> PPOConfig:
+    return policy.resolve_config(PPOConfig, "ppo", argv, description=__doc__.split("\n\n")[0])
+
+
+def main(argv: list[str] | None = None) -> None:
+    policy.run_main(resolve, train, argv)
+
+
+if __name__ == "__main__":
+    main()
