@@ -22,6 +22,7 @@ import torch
 
 import llm_envs
 from trainers import es, noise
+from trainers.config import build_config
 from trainers.models import load_model
 from trainers.rollout import rollout
 
@@ -75,7 +76,7 @@ def measure(case: str, args) -> dict:
             noise.restore(params, 1, 5e-4, patches)
         return {**out, "growth": peak.growth, "patch_fraction": sum(p.numel for p in patches) / sum(p.numel() for _, p in params)}
     env = llm_envs.make(args.env)
-    cfg = es.build_config(es.ESConfig, {"env": args.env, "population": args.population, "sigma": 5e-4,
+    cfg = build_config(es.ESConfig, {"env": args.env, "population": args.population, "sigma": 5e-4,
                                         "alpha": 1e-3, "max_new_tokens": args.max_new_tokens, "score_workers": 0})
     batch = list(env.examples("train"))
     rollout(model, tokenizer, env, batch, args.max_new_tokens, score_workers=0)  # warm-up

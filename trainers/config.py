@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import time
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -125,3 +126,34 @@ def fail(message: str) -> typing.NoReturn:
     """End a command-line program with a clear message (exit code 2, like argparse)."""
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(2)
+
+
+def resolve_config(cls: type, prefix, argv: list[str] | None = None, description: str = ""):
+    """The config of a new run, or of a resumed run (its saved config, overridden by flags);
+    ``prefix`` (a string, or a function of the config) names the default run directory."""
+    cfg = parse_config(cls, argv, description=description)
+    if cfg.resume:
+        try:
+            saved = load_yaml(Path(cfg.resume) / "config.yaml")
+        except ConfigError:
+            fail(f"--resume {cfg.resume}: no run there (config.yaml missing)")
+        given = {k.lstrip("-").split("=")[0].replace("-", "_") for k in (argv if argv is not None else sys.argv[1:])
+                 if k.startswith("--")}
+        saved.update({k: v for k, v in to_dict(cfg).items() if k in given})
+        saved.update(resume=cfg.resume, out=cfg.resume)
+        cfg = build_config(cls, saved)
+    elif cfg.out is None:
+        name = prefix(cfg) if callable(prefix) else prefix
+        cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return cfg
+
+
+def run_main(resolve, train, argv: list[str] | None = None) -> None:
+    """``train(resolve(argv))`` with bad configs, run directories and data as one-line errors."""
+    import llm_envs
+    from trainers.run_dir import RunDirError
+
+    try:
+        train(resolve(argv))
+    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:  # OSError: a model that cannot load
+        fail(str(exc))

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,10 +28,10 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, noise
-from trainers.config import ConfigError, check, fail, load_yaml, parse_config, build_config, to_dict
+from trainers.config import ConfigError, check, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.rollout import evaluate, rollout
-from trainers.run_dir import RunDir, RunDirError, read_jsonl
+from trainers.run_dir import RunDir, read_jsonl
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -277,28 +276,11 @@ def summarize(run: RunDir) -> None:
 
 def resolve(argv: list[str] | None = None) -> ESConfig:
     """The config of a new run, or of a resumed run (its saved config, overridden by flags)."""
-    cfg = parse_config(ESConfig, argv, description=__doc__.split("\n\n")[0])
-    if cfg.resume:
-        try:
-            saved = load_yaml(Path(cfg.resume) / "config.yaml")
-        except ConfigError:
-            fail(f"--resume {cfg.resume}: no run there (config.yaml missing)")
-        given = {k.lstrip("-").split("=")[0].replace("-", "_") for k in (argv if argv is not None else sys.argv[1:])
-                 if k.startswith("--")}
-        saved.update({k: v for k, v in to_dict(cfg).items() if k in given})
-        saved.update(resume=cfg.resume, out=cfg.resume)
-        cfg = build_config(ESConfig, saved)
-    elif cfg.out is None:
-        cfg.out = f"runs/es-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg
+    return resolve_config(ESConfig, "es", argv, description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> None:
-    try:
-        cfg = resolve(argv)
-        train(cfg)
-    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:  # OSError: a model that cannot load
-        fail(str(exc))
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainers import policy
-from trainers.config import check
+from trainers.config import check, resolve_config, run_main
 from trainers.policy import (RLConfig, Samples, clip_and_step, clipped_surrogate, kl_k3, masked_sum, micro_batches,
                              pad, token_logprobs)
 
@@ -157,11 +157,11 @@ def train(cfg: GRPOConfig):
 
 
 def resolve(argv: list[str] | None = None) -> GRPOConfig:
-    return policy.resolve_config(GRPOConfig, lambda c: c.loss, argv, description=__doc__.split("\n\n")[0])
+    return resolve_config(GRPOConfig, lambda c: c.loss, argv, description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> None:
-    policy.run_main(resolve, train, argv)
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ import contextlib
 import json
 import math
 import os
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,12 +27,12 @@ from tqdm import tqdm
 
 import llm_envs
 from llm_envs import Example, TaskEnv
-from trainers.config import ConfigError, build_config, check, fail, load_yaml, parse_config, to_dict
+from trainers.config import ConfigError, check, to_dict
 from trainers.es import summarize
 from trainers.generation import encode_prompts, generate
 from trainers.models import load_model, save_model
 from trainers.rollout import evaluate
-from trainers.run_dir import RunDir, RunDirError
+from trainers.run_dir import RunDir
 
 # ----- masks and reductions ----------------------------------------------------------------------
 
@@ -373,34 +372,6 @@ class RLConfig:
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"--env-args: invalid JSON ({exc})") from None
             check(isinstance(args, dict), "env_args", "must be a JSON object")
-
-
-def resolve_config(cls: type, prefix, argv: list[str] | None = None, description: str = ""):
-    """The config of a new run, or of a resumed run (its saved config, overridden by flags);
-    ``prefix`` (a string, or a function of the config) names the default run directory."""
-    cfg = parse_config(cls, argv, description=description)
-    if cfg.resume:
-        try:
-            saved = load_yaml(Path(cfg.resume) / "config.yaml")
-        except ConfigError:
-            fail(f"--resume {cfg.resume}: no run there (config.yaml missing)")
-        given = {k.lstrip("-").split("=")[0].replace("-", "_") for k in (argv if argv is not None else sys.argv[1:])
-                 if k.startswith("--")}
-        saved.update({k: v for k, v in to_dict(cfg).items() if k in given})
-        saved.update(resume=cfg.resume, out=cfg.resume)
-        cfg = build_config(cls, saved)
-    elif cfg.out is None:
-        name = prefix(cfg) if callable(prefix) else prefix
-        cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg
-
-
-def run_main(resolve, train, argv: list[str] | None = None) -> None:
-    """``train(resolve(argv))`` with bad configs, run directories and data as one-line errors."""
-    try:
-        train(resolve(argv))
-    except (ConfigError, RunDirError, llm_envs.DataError) as exc:
-        fail(str(exc))
 
 
 def train(cfg: RLConfig, algorithm) -> Path:

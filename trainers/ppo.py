@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 
 from trainers import policy
-from trainers.config import check
+from trainers.config import check, resolve_config, run_main
 from trainers.policy import (KL_ESTIMATORS, RLConfig, Samples, clip_and_step, clipped_surrogate, masked_sum,
                              masked_whiten, micro_batches, pad, token_logprobs)
 
@@ -201,11 +201,11 @@ def train(cfg: PPOConfig):
 
 
 def resolve(argv: list[str] | None = None) -> PPOConfig:
-    return policy.resolve_config(PPOConfig, "ppo", argv, description=__doc__.split("\n\n")[0])
+    return resolve_config(PPOConfig, "ppo", argv, description=__doc__.split("\n\n")[0])
 
 
 def main(argv: list[str] | None = None) -> None:
-    policy.run_main(resolve, train, argv)
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":
