@@ -52,6 +52,7 @@ class PeakRSS:
         return self.peak - self.start
 
 
+@torch.no_grad()
 def naive_cycle(params, seed: int, sigma: float) -> None:
     """The memory-hungry alternative: save every tensor, perturb, restore from the copy."""
     saved = [p.detach().clone() for _, p in params]
@@ -63,8 +64,12 @@ def naive_cycle(params, seed: int, sigma: float) -> None:
 
 def measure(case: str, args) -> dict:
     """One case in this (fresh) process: 'es' iterations, or one 'exact' / 'naive' cycle."""
+    es.release_freed_buffers()  # as the trainer does
     model, tokenizer = load_model(args.model, verbose=False)
     params = es.select_params(model, None)
+    with torch.no_grad():  # weights load memory-mapped: make them resident before the baseline
+        for _, p in params:
+            p.mul_(1.0)
     out = {"weight_bytes": sum(p.numel() * p.element_size() for _, p in params), "threads": torch.get_num_threads()}
     if case == "naive":
         with PeakRSS() as peak:
@@ -121,8 +126,10 @@ def main(argv: list[str] | None = None) -> None:
     results = {}
     for case in ("es", "exact", "naive"):  # each in a fresh process: RSS peaks do not mix
         cmd = [sys.executable, "-m", "benchmarks.es_speed", "--case", case, *(argv if argv is not None else sys.argv[1:])]
-        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
-        results[case] = json.loads(out.split("RESULT ", 1)[1])
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"case {case} failed:\n{done.stderr[-2000:]}")
+        results[case] = json.loads(done.stdout.split("RESULT ", 1)[1])
     r, w = results["es"], results["es"]["weight_bytes"]
     print(f"model {args.model}: {w / 2**20:.0f} MiB of weights, {r['threads']} threads; env {args.env}, "
           f"{r['prompts']} prompts, N={args.population}, max_new_tokens={args.max_new_tokens}")

@@ -129,3 +129,15 @@ def test_shipped_configs_parse():
     for path in configs:
         cfg = es.resolve(["--config", str(path)])
         assert cfg.population >= 2 and cfg.sigma > 0 and cfg.alpha > 0, path
+
+
+def test_max_samples_stops_the_run(tmp_path, tiny_model_dir):
+    run = tmp_path / "budget"
+    # 4 members x 2 prompts = 8 responses per iteration: a budget of 12 ends after iteration 2
+    es.main(run_args(tiny_model_dir, run, "--max-samples", "12", "--eval-every", "0"))
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    train = [r for r in log if "reward_mean" in r]
+    assert [r["samples"] for r in train] == [8, 16]
+    assert train[1]["tokens"] == train[0]["tokens"] + train[1]["tokens_iteration"]
+    assert [r["iteration"] for r in log if "eval_reward" in r] == [0, 2]
+    assert (run / "final").is_dir()

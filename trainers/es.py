@@ -14,6 +14,7 @@ by tensor (1/sigma is folded into alpha, as in the paper).
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -62,6 +63,7 @@ class ESConfig:
     eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
     eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
     checkpoint_every: int = field(default=50, metadata={"help": "save weights every K iterations"})
+    max_samples: int | None = field(default=None, metadata={"help": "stop once this many responses were generated (sample budget)"})
     mirrored: bool = field(default=False, metadata={"help": "antithetic pairs (+eps, -eps) (not in the paper)"})
     rank_shaping: bool = field(default=False, metadata={"help": "centered-rank rewards instead of z-scores (not in the paper)"})
     param_filter: str | None = field(default=None, metadata={"help": "regex: perturb/update only matching parameter names"})
@@ -88,6 +90,7 @@ class ESConfig:
         check(self.alpha > 0 and np.isfinite(self.alpha), "alpha", "must be a positive number")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
         check(self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         if self.param_filter is not None:
@@ -163,6 +166,16 @@ def batch_for(cfg: ESConfig, examples, iteration: int):
     return [examples[i] for i in sorted(rng.choice(len(examples), cfg.batch_size, replace=False))]
 
 
+def release_freed_buffers() -> None:
+    """Have glibc unmap freed buffers of 1 MB and more at once. By default it raises its mmap
+    threshold after big frees and keeps ES's per-tensor noise buffers on the heap: that alone
+    doubled the peak memory of an iteration (``benchmarks/es_speed.py``)."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # -3: M_MMAP_THRESHOLD
+    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
+        pass
+
+
 def replay(params, updates: list[dict[str, Any]], shared: bool) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
@@ -174,6 +187,7 @@ def replay(params, updates: list[dict[str, Any]], shared: bool) -> None:
 
 
 def train(cfg: ESConfig) -> Path:
+    release_freed_buffers()
     dist = distributed.init()
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
@@ -197,6 +211,7 @@ def train(cfg: ESConfig) -> Path:
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
         say(f"resumed {run.path} after iteration {done} (weights from {'checkpoint ' + str(ckpts[-1]) if ckpts else 'the base model'})")
     samples = updates[-1]["samples"] if updates else 0
+    total_tokens = updates[-1].get("tokens", 0) if updates else 0
 
     n_params = sum(p.numel() for _, p in params)
     say(f"ES on {cfg.env}: {n_params / 1e6:.1f}M parameters perturbed, N={cfg.population}, sigma={cfg.sigma}, "
@@ -214,7 +229,7 @@ def train(cfg: ESConfig) -> Path:
 
     if done == 0:
         held_out(0)
-    trained = cfg.iterations > done
+    trained, last = cfg.iterations > done, done
     bar = tqdm(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, disable=not dist.is_main,
                desc="ES", dynamic_ncols=True)
     for it in bar:
@@ -231,24 +246,30 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
             noise.apply_update(params, upd_seeds, coefs, cfg.shared_noise)
         samples += cfg.population * len(batch)
+        total_tokens += int(tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
                   "accuracy": float(accuracy.mean()), "skipped": z is None, "seconds": time.perf_counter() - start,
-                  "tokens": int(tokens.sum()), "samples": samples}
+                  "tokens": total_tokens, "tokens_iteration": int(tokens.sum()), "samples": samples}
         run.log(record, it)
-        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations:
+        last = it
+        out_of_budget = cfg.max_samples is not None and samples >= cfg.max_samples
+        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and not out_of_budget:
             held_out(it)
         if dist.is_main:  # the update record is what resume replays: written once the iteration is whole
             with open(updates_path, "a") as f:
                 f.write(json.dumps({"iteration": it, "seeds": upd_seeds, "coefficients": coefs, "skipped": z is None,
-                                    "rewards": rewards.tolist(), "samples": samples}) + "\n")
+                                    "rewards": rewards.tolist(), "samples": samples, "tokens": total_tokens}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             if it % cfg.checkpoint_every == 0:
                 run.save_checkpoint(model, tokenizer, it, {"iteration": it})
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
+        if out_of_budget:
+            say(f"sample budget reached: {samples} responses >= --max-samples {cfg.max_samples}")
+            break
     if trained:
-        held_out(cfg.iterations)
+        held_out(last)
     if dist.is_main:
         save_model(model, tokenizer, run.path / "final")
         summarize(run)
