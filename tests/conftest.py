@@ -89,3 +89,12 @@ def smollm2():
     from trainers.models import DEFAULT_MODEL, load_model
 
     return load_model(DEFAULT_MODEL)
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny-model runs are ~5x faster on one thread on a shared 2-core machine (no spinning)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

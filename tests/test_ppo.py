@@ -14,13 +14,7 @@ from trainers.ppo import gae, ppo_loss, token_rewards
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny-model runs are ~5x faster on one thread on a shared 2-core machine (no spinning)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def log_of(run_dir) -> list[dict]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 import time
 import typing
@@ -116,6 +117,18 @@ def check(condition: bool, name: str, message: str) -> None:
     """Raise ``ConfigError`` naming ``--name`` unless ``condition``."""
     if not condition:
         raise ConfigError(f"{_flag(name)}: {message}")
+
+
+def env_kwargs(env_args: str | None) -> dict[str, Any]:
+    """The environment options of ``--env-args`` (a JSON object), or ``{}``."""
+    if env_args is None:
+        return {}
+    try:
+        args = json.loads(env_args)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--env-args: invalid JSON ({exc})") from None
+    check(isinstance(args, dict), "env_args", "must be a JSON object")
+    return args
 
 
 def to_dict(config: Any) -> dict[str, Any]:

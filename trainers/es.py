@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, noise
-from trainers.config import ConfigError, check, resolve_config, run_main, to_dict
+from trainers.config import ConfigError, check, env_kwargs, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.rollout import evaluate, rollout
 from trainers.run_dir import RunDir, read_jsonl
@@ -98,12 +98,7 @@ class ESConfig:
                 re.compile(self.param_filter)
             except re.error as exc:
                 raise ConfigError(f"--param-filter: invalid regex ({exc})") from None
-        if self.env_args is not None:
-            try:
-                args = json.loads(self.env_args)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--env-args: invalid JSON ({exc})") from None
-            check(isinstance(args, dict), "env_args", "must be a JSON object")
+        env_kwargs(self.env_args)  # validates: a JSON object or nothing
 
 
 # ----- the algorithm ----------------------------------------------------------------------------
@@ -191,7 +186,7 @@ def train(cfg: ESConfig) -> Path:
     dist = distributed.init()
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **json.loads(cfg.env_args or "{}"))
+    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)

@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 import llm_envs
 from llm_envs import Example, TaskEnv
-from trainers.config import ConfigError, check, to_dict
+from trainers.config import ConfigError, check, env_kwargs, to_dict
 from trainers.es import summarize
 from trainers.generation import encode_prompts, generate
 from trainers.models import load_model, save_model
@@ -366,12 +366,7 @@ class RLConfig:
         check(self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
-        if self.env_args is not None:
-            try:
-                args = json.loads(self.env_args)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"--env-args: invalid JSON ({exc})") from None
-            check(isinstance(args, dict), "env_args", "must be a JSON object")
+        env_kwargs(self.env_args)  # validates: a JSON object or nothing
 
 
 def train(cfg: RLConfig, algorithm) -> Path:
@@ -382,7 +377,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
         raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
     run = RunDir(cfg.out, resume=cfg.resume is not None)
     run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **json.loads(cfg.env_args or "{}"))
+    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     say = tqdm.write
