@@ -31,7 +31,7 @@ import llm_envs
 from trainers import distributed, noise
 from trainers.config import ConfigError, check, env_kwargs, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
-from trainers.rollout import evaluate, rollout
+from trainers.rollout import batch_for, evaluate, rollout
 from trainers.run_dir import RunDir, read_jsonl
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
@@ -154,13 +154,6 @@ def select_params(model, pattern: str | None) -> list[tuple[str, torch.Tensor]]:
     return params
 
 
-def batch_for(cfg: ESConfig, examples, iteration: int):
-    if cfg.batch_size is None or cfg.batch_size >= len(examples):
-        return list(examples)
-    rng = np.random.default_rng([cfg.seed, iteration])
-    return [examples[i] for i in sorted(rng.choice(len(examples), cfg.batch_size, replace=False))]
-
-
 def release_freed_buffers() -> None:
     """Have glibc unmap freed buffers of 1 MB and more at once. By default it raises its mmap
     threshold after big frees and keeps ES's per-tensor noise buffers on the heap: that alone
@@ -189,6 +182,7 @@ def train(cfg: ESConfig) -> Path:
     env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
+    per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
 
     # Resume: newest weight checkpoint, then replay the updates logged after it.
@@ -210,7 +204,7 @@ def train(cfg: ESConfig) -> Path:
 
     n_params = sum(p.numel() for _, p in params)
     say(f"ES on {cfg.env}: {n_params / 1e6:.1f}M parameters perturbed, N={cfg.population}, sigma={cfg.sigma}, "
-        f"alpha={cfg.alpha}, {len(batch_for(cfg, train_examples, 1))} prompts/iteration, run dir {run.path}")
+        f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
 
     def held_out(iteration: int) -> dict[str, float]:
         if not dist.is_main:
@@ -229,7 +223,7 @@ def train(cfg: ESConfig) -> Path:
                desc="ES", dynamic_ncols=True)
     for it in bar:
         start = time.perf_counter()
-        batch = batch_for(cfg, train_examples, it)
+        batch = batch_for(train_examples, per_iteration, cfg.seed, it)
         seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, env, params, batch,
                                                                dist.rank, dist.world)
         rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)

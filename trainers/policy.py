@@ -31,7 +31,7 @@ from trainers.config import ConfigError, check, env_kwargs, to_dict
 from trainers.es import summarize
 from trainers.generation import encode_prompts, generate
 from trainers.models import load_model, save_model
-from trainers.rollout import evaluate
+from trainers.rollout import batch_for, evaluate
 from trainers.run_dir import RunDir
 
 # ----- masks and reductions ----------------------------------------------------------------------
@@ -127,15 +127,6 @@ def sample(model, tokenizer, env: TaskEnv, examples: Sequence[Example], group_si
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step (independent of every other step's, reproducible on resume)."""
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
-
-
-def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:
-    """The prompts of one step: ``size`` distinct training examples drawn from (seed, step)
-    (all of them, in order, when ``size`` covers the split)."""
-    if size >= len(examples):
-        return list(examples)
-    rng = np.random.default_rng([seed, step])
-    return [examples[i] for i in sorted(rng.choice(len(examples), size, replace=False))]
 
 
 # ----- the forward pass -------------------------------------------------------------------------

@@ -7,8 +7,19 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from llm_envs import Example, Score, TaskEnv
 from trainers.generation import generate
+
+
+def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:
+    """The prompts of one step: ``size`` distinct training examples drawn from (seed, step)
+    (all of them, in order, when ``size`` covers the split)."""
+    if size >= len(examples):
+        return list(examples)
+    rng = np.random.default_rng([seed, step])
+    return [examples[i] for i in sorted(rng.choice(len(examples), size, replace=False))]
 
 
 @dataclass
