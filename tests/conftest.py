@@ -16,6 +16,8 @@ The session-scoped model is shared: tests that change weights must work on a cop
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
@@ -98,3 +100,28 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def kill_on_call():
+    """``with kill_on_call(module, "name", n): run()`` -- ``module.name`` raises KeyboardInterrupt
+    on its n-th call (a run killed at that point) and the block expects it; restored afterwards."""
+
+    @contextlib.contextmanager
+    def killing(owner, name: str, n: int):
+        real, calls = getattr(owner, name), {"n": 0}
+
+        def dying(*args, **kwargs):
+            calls["n"] += 1
+            if calls["n"] == n:
+                raise KeyboardInterrupt
+            return real(*args, **kwargs)
+
+        setattr(owner, name, dying)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                yield
+        finally:
+            setattr(owner, name, real)
+
+    return killing

@@ -70,7 +70,7 @@ def test_paper_defaults_per_env():
     assert es.resolve(["--env", "Sudoku-v0"]).population == 32
 
 
-def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, monkeypatch):
+def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, kill_on_call):
     full = tmp_path / "full"
     es.main(run_args(tiny_model_dir, full))
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
@@ -82,19 +82,8 @@ def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, monkeypatch)
 
     # Kill in the middle of iteration 3 (second member's rollout), then resume.
     killed = tmp_path / "killed"
-    calls = {"n": 0}
-    real = es.rollout
-
-    def dying_rollout(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 2 * 4 + 2:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(es, "rollout", dying_rollout)
-    with pytest.raises(KeyboardInterrupt):
+    with kill_on_call(es, "rollout", 2 * 4 + 2):  # iteration 3, second member
         es.main(run_args(tiny_model_dir, killed))
-    monkeypatch.setattr(es, "rollout", real)
     assert not (killed / "final").exists()
     with pytest.raises(SystemExit):  # the same --out without --resume would overwrite: refused
         es.main(run_args(tiny_model_dir, killed))

@@ -205,23 +205,12 @@ def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_mode
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
 
 
-def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_dir, monkeypatch):
+def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_dir, kill_on_call):
     out = tmp_path / "run"
     args = grpo_args(tiny_model_dir, out, "--steps", "4", "--checkpoint-every", "2", "--batch-size", "2",
                      "--group-size", "4")
-    calls = {"n": 0}
-    real = policy.sample
-
-    def dying(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:  # in step 4, after the checkpoint of step 2
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(policy, "sample", dying)
-    with pytest.raises(KeyboardInterrupt):
+    with kill_on_call(policy, "sample", 4):  # in step 4, after the checkpoint of step 2
         grpo.main(args)
-    monkeypatch.setattr(policy, "sample", real)
     ckpt = out / "checkpoints" / "000002"
     assert (ckpt / "trainer.pt").is_file() and not (out / "final").exists()
     saved = torch.load(ckpt / "trainer.pt", weights_only=False)

@@ -84,23 +84,12 @@ def test_ppo_raises_the_reward(tmp_path, tiny_model_dir):
     assert (out / "final" / "config.json").is_file()
 
 
-def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch):
+def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, kill_on_call):
     out = tmp_path / "run"
     args = ppo_args(tiny_model_dir, out, "--steps", "3", "--checkpoint-every", "2", "--batch-size", "2",
                     "--group-size", "2")
-    calls = {"n": 0}
-    real = policy.sample
-
-    def dying(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 3:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(policy, "sample", dying)
-    with pytest.raises(KeyboardInterrupt):
+    with kill_on_call(policy, "sample", 3):
         ppo.main(args)
-    monkeypatch.setattr(policy, "sample", real)
     saved = torch.load(out / "checkpoints" / "000002" / "trainer.pt", weights_only=False)
     head = saved["modules"]["value_head"]
     assert head["linear.weight"].abs().sum() > 0  # trained, not the zero init
