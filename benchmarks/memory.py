@@ -77,7 +77,7 @@ def child(args) -> dict:
     import torch
 
     import llm_envs
-    from trainers import es, noise, policy
+    from trainers import es, policy
     from trainers.models import load_model
     from trainers.grpo import GRPO, GRPOConfig
     from trainers.ppo import PPO, PPOConfig
@@ -102,7 +102,7 @@ def child(args) -> dict:
                           score_workers=0, device=args.device)
         cfg.validate()
         model, tokenizer = load_model(args.model, device=args.device)
-        params = es.select_params(model, None)
+        params, layers = es.perturbable(model, cfg)
     else:
         Config, Algo = (GRPOConfig, GRPO) if args.child == "grpo" else (PPOConfig, PPO)
         cfg = Config(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
@@ -125,10 +125,10 @@ def child(args) -> dict:
         peak.reset()
     start = time.perf_counter()
     if args.child == "es":
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, env, params, prompts)
+        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, env, params, layers, prompts)
         z = es.normalise(rewards)
         if z is not None:
-            noise.apply_update(params, *es.update_coefficients(seeds, signs, z, cfg.alpha))
+            es.apply_update(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         responses, reward = cfg.population * len(prompts), float(rewards.mean())
     else:
         samples = policy.sample(model, tokenizer, env, prompts, cfg.group_size, cfg.max_new_tokens,

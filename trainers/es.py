@@ -6,8 +6,13 @@ generate greedy completions for the training batch, score them (mean reward R_n)
 weights exactly; z-score the rewards; then theta += alpha / N * sum_n Z_n * eps(seed_n), tensor
 by tensor (1/sigma is folded into alpha, as in the paper).
 
+``--noise lowrank`` (EGGROLL) replaces eps_n by E_n = A_n B_n^T / sqrt(R) on every linear layer:
+the weights are never touched during evaluation, and all N members generate in ONE batched call,
+each on its own rows (``trainers/lowrank.py``). Same z-scores, same alpha and sigma.
+
     python -m trainers.es --env Sudoku-v0
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
+    python -m trainers.es --env Countdown-v0 --noise lowrank --rank 1 --population 64
     python -m trainers.es --resume runs/es-Sudoku-v0-...      # continue a killed run
     accelerate launch --num_processes 2 -m trainers.es ...    # seeds split across processes
 """
@@ -28,9 +33,10 @@ import torch
 from tqdm import tqdm
 
 import llm_envs
-from trainers import distributed, noise
+from trainers import distributed, lowrank, noise
 from trainers.config import ConfigError, check, env_kwargs, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
+from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
 from trainers.run_dir import RunDir, read_jsonl
 
@@ -58,7 +64,10 @@ class ESConfig:
     resume: str | None = field(default=None, metadata={"help": "continue the run in this directory"})
     batch_size: int | None = field(default=None, metadata={"help": "training prompts per iteration (default: whole train split)"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget (default: the env's)"})
-    gen_batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
+    gen_batch_size: int | None = field(default=None, metadata={"help": "sequences per generate() call (default: 32 for "
+                                                                       "full-rank members and held-out evaluation; "
+                                                                       "low-rank: the whole population, split only "
+                                                                       "when memory requires)"})
     eval_every: int = field(default=10, metadata={"help": "held-out pass@1 every K iterations (0: only start and end)"})
     eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
     eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
@@ -68,6 +77,13 @@ class ESConfig:
     rank_shaping: bool = field(default=False, metadata={"help": "centered-rank rewards instead of z-scores (not in the paper)"})
     param_filter: str | None = field(default=None, metadata={"help": "regex: perturb/update only matching parameter names"})
     shared_noise: bool = field(default=False, metadata={"help": "the paper's code's noise: same seed for every tensor"})
+    noise: str = field(default="full", metadata={"help": "full: the paper's Gaussian noise on every weight, members "
+                                                         "evaluated one by one; lowrank: EGGROLL's A B^T/sqrt(R) on "
+                                                         "linear layers, the whole population in one batched generation",
+                                                 "choices": ["full", "lowrank"]})
+    rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
+    fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
+                                                              "updates (+4 bytes/parameter), so none is rounded away"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
@@ -91,7 +107,9 @@ class ESConfig:
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
-        check(self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
+        check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
+        check(self.rank >= 1, "rank", "must be >= 1")
+        check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         if self.param_filter is not None:
             try:
@@ -131,19 +149,77 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
     return list(merged), list(merged.values())
 
 
-def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, env, params, batch, rank: int = 0, world: int = 1):
-    """Evaluate this process's share of the population; returns per-member arrays (zeros elsewhere)."""
+def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, env, params: noise.Params,
+                 layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1):
+    """Evaluate this process's share of the population (members rank, rank + world, ...);
+    returns seeds, signs and per-member arrays of mean reward, accuracy and tokens (zeros for
+    other processes' members)."""
     seeds, signs = population(cfg, iteration)
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
-    for n in range(rank, cfg.population, world):
+    mine = list(range(rank, cfg.population, world))
+    if cfg.noise == "lowrank":
+        evaluate_batched(cfg, model, tokenizer, env, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
+                         rewards, accuracy, tokens)
+        return seeds, signs, rewards, accuracy, tokens
+    for n in mine:  # the paper's loop: perturb in place, generate, restore
         patches = noise.perturb(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
         try:
-            r = rollout(model, tokenizer, env, batch, cfg.max_new_tokens, cfg.gen_batch_size,
+            r = rollout(model, tokenizer, env, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                         score_workers=cfg.score_workers)
         finally:
             noise.restore(params, seeds[n], cfg.sigma, patches, signs[n], cfg.shared_noise)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
     return seeds, signs, rewards, accuracy, tokens
+
+
+def evaluate_batched(cfg: ESConfig, model, tokenizer, env, layers, batch, members, rewards, accuracy, tokens) -> None:
+    """Low-rank mode: every (member, prompt) pair is one row of one ``generate`` call, rows
+    member-major; more calls only when the rows do not fit in memory (``--gen-batch-size`` caps
+    them). Fills the per-member arrays in place."""
+    P = len(batch)
+    if cfg.gen_batch_size:
+        per_call = max(1, cfg.gen_batch_size // P)
+    else:
+        longest = max(len(ids) for ids in encode_prompts(tokenizer, [e.prompt for e in batch]))
+        per_call = max(1, rows_that_fit(model, longest + cfg.max_new_tokens) // P)
+    start = 0
+    while start < len(members):
+        chunk = members[start:start + per_call]
+        pop = lowrank.Population(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
+        try:
+            with pop.applied():
+                r = rollout(model, tokenizer, env, [e for _ in chunk for e in batch], cfg.max_new_tokens,
+                            len(chunk) * P, score_workers=cfg.score_workers, sort=False)
+        except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
+            if per_call == 1:
+                raise
+            per_call = max(1, per_call // 2)
+            del pop
+            torch.cuda.empty_cache()
+            continue
+        for k, (n, _, _) in enumerate(chunk):
+            rows = slice(k * P, (k + 1) * P)
+            rewards[n] = np.mean([s.reward for s in r.scores[rows]])
+            accuracy[n] = np.mean([bool(s.correct) for s in r.scores[rows]])
+            tokens[n] = sum(r.num_tokens[rows])
+        start += len(chunk)
+
+
+def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer] | None]:
+    """What ES perturbs and updates: every parameter (full) or the linear layers' weights
+    (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
+    if cfg.noise == "lowrank":
+        layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
+        return noise.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
+    return noise.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
+
+
+def apply_update(cfg: ESConfig, params: noise.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
+    """theta += sum_n coefficients[n] * (eps_n or E_n): the update of either noise mode."""
+    if cfg.noise == "lowrank":
+        lowrank.apply_update(params, layers, seeds, coefficients, cfg.rank)
+    else:
+        noise.apply_update(params, seeds, coefficients, cfg.shared_noise)
 
 
 def select_params(model, pattern: str | None) -> list[tuple[str, torch.Tensor]]:
@@ -164,11 +240,11 @@ def release_freed_buffers() -> None:
         pass
 
 
-def replay(params, updates: list[dict[str, Any]], shared: bool) -> None:
+def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
         if not u["skipped"]:
-            noise.apply_update(params, u["seeds"], u["coefficients"], shared)
+            apply_update(cfg, params, layers, u["seeds"], u["coefficients"])
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -193,8 +269,8 @@ def train(cfg: ESConfig) -> Path:
     source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
     with dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
-    params = select_params(model, cfg.param_filter)
-    replay(params, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)], cfg.shared_noise)
+    params, layers = perturbable(model, cfg)
+    replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
@@ -202,14 +278,14 @@ def train(cfg: ESConfig) -> Path:
     samples = updates[-1]["samples"] if updates else 0
     total_tokens = updates[-1].get("tokens", 0) if updates else 0
 
-    n_params = sum(p.numel() for _, p in params)
-    say(f"ES on {cfg.env}: {n_params / 1e6:.1f}M parameters perturbed, N={cfg.population}, sigma={cfg.sigma}, "
+    mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
+    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({mode}), N={cfg.population}, sigma={cfg.sigma}, "
         f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
 
     def held_out(iteration: int) -> dict[str, float]:
         if not dist.is_main:
             return {}
-        scores = evaluate(model, tokenizer, env, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
+        scores = evaluate(model, tokenizer, env, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit, cfg.score_workers)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}
         run.log(record, iteration)
@@ -224,7 +300,7 @@ def train(cfg: ESConfig) -> Path:
     for it in bar:
         start = time.perf_counter()
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
-        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, env, params, batch,
+        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, env, params, layers, batch,
                                                                dist.rank, dist.world)
         rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)
         z = normalise(rewards, cfg.rank_shaping)
@@ -233,7 +309,7 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = [], []
         else:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
-            noise.apply_update(params, upd_seeds, coefs, cfg.shared_noise)
+            apply_update(cfg, params, layers, upd_seeds, coefs)
         samples += cfg.population * len(batch)
         total_tokens += int(tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),

@@ -12,8 +12,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from trainers.config import fail, load_yaml
-from trainers.es import replay, select_params
+from trainers.config import build_config, fail, load_yaml
+from trainers.es import ESConfig, perturbable, replay
 from trainers.models import load_model, save_model
 from trainers.run_dir import read_jsonl
 
@@ -21,10 +21,10 @@ from trainers.run_dir import read_jsonl
 def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | None = None):
     """(model, tokenizer) of ``run_dir`` after ``iteration`` (default: the last logged one)."""
     run_dir = Path(run_dir)
-    cfg = load_yaml(run_dir / "config.yaml")
+    cfg = build_config(ESConfig, load_yaml(run_dir / "config.yaml"))
     updates = [u for u in read_jsonl(run_dir / "updates.jsonl") if iteration is None or u["iteration"] <= iteration]
-    model, tokenizer = load_model(cfg["model"], device=device or cfg.get("device"), dtype=cfg.get("dtype"))
-    replay(select_params(model, cfg.get("param_filter")), updates, bool(cfg.get("shared_noise")))
+    model, tokenizer = load_model(cfg.model, device=device or cfg.device, dtype=cfg.dtype)
+    replay(cfg, *perturbable(model, cfg), updates)
     return model, tokenizer, (updates[-1]["iteration"] if updates else 0)
 
 

@@ -48,11 +48,13 @@ def rollout(
     temperature: float = 0.0,
     seed: int | None = None,
     score_workers: int | None = None,
+    sort: bool = True,
 ) -> Rollout:
-    """Completions of ``examples`` (greedy unless ``temperature > 0``) and their scores."""
+    """Completions of ``examples`` (greedy unless ``temperature > 0``) and their scores
+    (``sort=False``: generate in the given order, see ``generate``)."""
     start = time.perf_counter()
     out = generate(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
-                   batch_size=batch_size, temperature=temperature, seed=seed)
+                   batch_size=batch_size, temperature=temperature, seed=seed, sort=sort)
     scores = env.score_batch(out.texts, list(examples), workers=score_workers)
     return Rollout(out.texts, scores, out.num_tokens, time.perf_counter() - start)
 
