@@ -112,10 +112,11 @@ def test_paper_defaults_per_env():
     assert es.resolve(["--env", "Sudoku-v0"]).population == 32
 
 
-NOISE = {"full": [], "lowrank": ["--noise", "lowrank", "--rank", "2", "--mirrored", "true"]}
+NOISE = {"full": [], "lowrank": ["--noise", "lowrank", "--rank", "2", "--mirrored", "true"],
+         "full-bf16": ["--dtype", "bf16"], "lowrank-bf16": ["--noise", "lowrank", "--dtype", "bf16"]}
 
 
-@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank", "full-bf16", "lowrank-bf16"])
 def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, kill_on_call):
     full = tmp_path / "full"
     es.main(run_args(tiny_model_dir, full, *NOISE[noise_mode]))
@@ -129,7 +130,7 @@ def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, 
     # Kill in the middle of iteration 3 (full: the second member's rollout; lowrank: the
     # population's one batched rollout), then resume.
     killed = tmp_path / "killed"
-    with kill_on_call(es, "rollout", 2 * 4 + 2 if noise_mode == "full" else 3):
+    with kill_on_call(es, "rollout", 2 * 4 + 2 if noise_mode.startswith("full") else 3):
         es.main(run_args(tiny_model_dir, killed, *NOISE[noise_mode]))
     assert not (killed / "final").exists()
     with pytest.raises(SystemExit):  # the same --out without --resume would overwrite: refused

@@ -38,7 +38,7 @@ from trainers.config import ConfigError, check, env_kwargs, resolve_config, run_
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
-from trainers.run_dir import RunDir, read_jsonl
+from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -240,6 +240,29 @@ def release_freed_buffers() -> None:
         pass
 
 
+def masters_of(params: noise.Params) -> dict[str, torch.Tensor]:
+    """The fp32 master weights to checkpoint (none for fp32 models): the model's bf16 weights
+    alone would lose the sub-step part of the updates on resume."""
+    return {name: m for name, m in zip(params.names, params.masters) if m is not None}
+
+
+def load_masters(params: noise.Params, checkpoint: Path) -> None:
+    """Restore the fp32 masters saved with a checkpoint (and the model's weights from them)."""
+    if not any(m is not None for m in params.masters):
+        return
+    path = checkpoint / TENSORS_FILE
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {checkpoint} has no fp32 master weights ({TENSORS_FILE}); it cannot be resumed "
+                          f"exactly with --fp32-master")
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path))
+    for i, (name, master) in enumerate(zip(params.names, params.masters)):
+        if master is not None:
+            master.copy_(saved[name])
+            params.tensors[i].data.copy_(master)
+
+
 def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
@@ -270,6 +293,8 @@ def train(cfg: ESConfig) -> Path:
     with dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
     params, layers = perturbable(model, cfg)
+    if ckpts:
+        load_masters(params, run.checkpoint_dir(ckpts[-1]))
     replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
@@ -328,7 +353,7 @@ def train(cfg: ESConfig) -> Path:
                 f.flush()
                 os.fsync(f.fileno())
             if it % cfg.checkpoint_every == 0:
-                run.save_checkpoint(model, tokenizer, it, {"iteration": it})
+                run.save_checkpoint(model, tokenizer, it, {"iteration": it}, tensors=masters_of(params))
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
         if out_of_budget:
             say(f"sample budget reached: {samples} responses >= --max-samples {cfg.max_samples}")
