@@ -146,6 +146,24 @@ def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, 
     assert_same_weights(final_weights(full), {k: v for k, v in model.state_dict().items() if k in final_weights(full)})
 
 
+def test_replay_and_resume_refuse_another_noise_device(tmp_path, tiny_model_dir, capsys):
+    """CPU and CUDA generators differ: a run whose noise came from CUDA is not rebuilt on the CPU."""
+    from trainers import replay
+
+    run = tmp_path / "run"
+    es.main(run_args(tiny_model_dir, run, "--iterations", "1", "--eval-every", "0"))
+    assert json.loads((run / "noise_device.json").read_text()) == {"device": "cpu"}
+    (run / "noise_device.json").write_text('{"device": "cuda"}')  # as if it had run on a GPU
+    capsys.readouterr()
+    for call in (lambda: replay.main([str(run), "--out", str(tmp_path / "rebuilt"), "--device", "cpu"]),
+                 lambda: es.main(["--resume", str(run), "--iterations", "2"])):
+        with pytest.raises(SystemExit) as exc:
+            call()
+        assert exc.value.code == 2
+        assert "generated its noise on cuda" in capsys.readouterr().err
+    assert not (tmp_path / "rebuilt").exists()
+
+
 @pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
 def test_two_processes_match_one(noise_mode, tmp_path, tiny_model_dir):
     one, two = tmp_path / "one", tmp_path / "two"
@@ -170,13 +188,22 @@ def test_shipped_configs_parse():
 
 
 @pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
-def test_max_samples_stops_the_run(noise_mode, tmp_path, tiny_model_dir):
+def test_max_samples_is_never_exceeded(noise_mode, tmp_path, tiny_model_dir, capsys):
+    # 4 members x 2 prompts = 8 responses per iteration: a budget of 23 allows 2 iterations, not 3
     run = tmp_path / "budget"
-    # 4 members x 2 prompts = 8 responses per iteration: a budget of 12 ends after iteration 2
-    es.main(run_args(tiny_model_dir, run, "--max-samples", "12", "--eval-every", "0", *NOISE[noise_mode]))
+    es.main(run_args(tiny_model_dir, run, "--max-samples", "23", "--eval-every", "0", *NOISE[noise_mode]))
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     train = [r for r in log if "reward_mean" in r]
     assert [r["samples"] for r in train] == [8, 16]
     assert train[1]["tokens"] == train[0]["tokens"] + train[1]["tokens_iteration"]
     assert [r["iteration"] for r in log if "eval_reward" in r] == [0, 2]
     assert (run / "final").is_dir()
+    # a budget of exactly 3 iterations runs them all
+    es.main(run_args(tiny_model_dir, tmp_path / "exact", "--max-samples", "24", "--eval-every", "0", *NOISE[noise_mode]))
+    log = [json.loads(line) for line in (tmp_path / "exact" / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "reward_mean" in r] == [8, 16, 24]
+    # less than one iteration: a one-line error, no run
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        es.main(run_args(tiny_model_dir, tmp_path / "none", "--max-samples", "7", *NOISE[noise_mode]))
+    assert "--max-samples 7 is less than one iteration: N=4 x 2 prompts = 8 responses" in capsys.readouterr().err

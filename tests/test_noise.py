@@ -87,6 +87,20 @@ def test_zero_std_guard_and_rank_shaping():
     assert np.allclose(normalise(np.array([3.0, 1.0, 2.0]), rank_shaping=True), [0.5, -0.5, 0.0])
 
 
+def test_rank_shaping_ties_share_their_average_rank():
+    from trainers.es import normalise, update_coefficients
+
+    ranks = normalise(np.array([1.0, 1.0, 0.0, 2.0, 1.0]), rank_shaping=True)
+    assert np.allclose(ranks, [0.0, 0.0, -0.5, 0.5, 0.0])
+    # a mirrored pair with tied rewards moves nothing, whichever member comes first
+    z = normalise(np.array([0.3, 0.3, 0.1, 0.9]), rank_shaping=True)
+    _, coefs = update_coefficients([7, 7, 8, 8], [1.0, -1.0, 1.0, -1.0], z, alpha=1.0)
+    assert coefs[0] == 0.0 and coefs[1] == -0.25  # (Z(+eps) - Z(-eps)) / N = (-0.5 - 0.5) / 4
+    # the stated scale: std sqrt((N + 1) / (12 (N - 1))) of the z-scores' 1
+    n = 30
+    assert np.isclose(normalise(np.arange(n, dtype=float), rank_shaping=True).std(), np.sqrt((n + 1) / (12 * (n - 1))))
+
+
 def test_seeds_distinct_and_deterministic():
     seeds = {noise.member_seed(0, it, n) for it in range(300) for n in range(30)}
     assert len(seeds) == 300 * 30
