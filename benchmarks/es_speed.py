@@ -84,7 +84,8 @@ def measure(case: str, args) -> dict:
     cfg = build_config(es.ESConfig, {"env": args.env, "population": args.population, "sigma": 5e-4,
                                         "alpha": 1e-3, "max_new_tokens": args.max_new_tokens, "score_workers": 0})
     batch = list(env.examples("train"))
-    rollout(model, tokenizer, env, batch, args.max_new_tokens, score_workers=0)  # warm-up
+    scorer = llm_envs.BatchScorer(env, 0)
+    rollout(model, tokenizer, scorer, batch, args.max_new_tokens)  # warm-up
     gen_seconds, tokens = 0.0, 0
     real_rollout = es.rollout
 
@@ -99,7 +100,7 @@ def measure(case: str, args) -> dict:
     with PeakRSS() as peak:
         start = time.perf_counter()
         for it in range(1, args.iterations + 1):
-            seeds, signs, rewards, _, _ = es.es_iteration(cfg, it, model, tokenizer, env, params, batch)
+            seeds, signs, rewards, _, _ = es.es_iteration(cfg, it, model, tokenizer, scorer, params, batch)
             z = es.normalise(rewards)
             if z is not None:
                 noise.apply_update(params, *es.update_coefficients(seeds, signs, z, cfg.alpha))
