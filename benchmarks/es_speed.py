@@ -111,6 +111,7 @@ def measure(case: str, args) -> dict:
         return {**out, "growth": peak.growth}
 
     env = llm_envs.make(args.env)
+    scorer = llm_envs.BatchScorer(env, 0)
     batch = list(env.examples("train"))[:args.prompts]
     cfg = build_config(es.ESConfig, {"env": args.env, "population": args.population, "sigma": 5e-4, "alpha": 1e-3,
                                      "max_new_tokens": args.max_new_tokens, "score_workers": 0,
@@ -125,10 +126,10 @@ def measure(case: str, args) -> dict:
         if case == "ceiling":
             return generate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, batch_size=len(rows),
                             sort=False, min_new_tokens=args.max_new_tokens).total_tokens
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, it, model, tokenizer, env, params, layers, batch)
+        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, it, model, tokenizer, scorer, params, layers, batch)
         z = es.normalise(rewards)
         if z is not None:
-            es.apply_update(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
+            es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         return int(tokens.sum())
 
     tokens = 0

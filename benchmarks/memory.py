@@ -77,7 +77,7 @@ def child(args) -> dict:
     import torch
 
     import llm_envs
-    from trainers import es, policy
+    from trainers import es, policy, sampling
     from trainers.models import load_model
     from trainers.grpo import GRPO, GRPOConfig
     from trainers.ppo import PPO, PPOConfig
@@ -85,6 +85,7 @@ def child(args) -> dict:
     torch.manual_seed(0)
     cuda = torch.cuda.is_available() and args.device != "cpu"
     env = llm_envs.make(args.env)
+    scorer = llm_envs.BatchScorer(env, 0)
     prompts = list(env.examples("train"))[:args.prompts]
     # Code that loading would import lazily is imported before the baseline (the default model is a
     # Llama), so that the baseline holds code only and the peak the algorithm's data.
@@ -125,14 +126,14 @@ def child(args) -> dict:
         peak.reset()
     start = time.perf_counter()
     if args.child == "es":
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, env, params, layers, prompts)
+        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, scorer, params, layers, prompts)
         z = es.normalise(rewards)
         if z is not None:
-            es.apply_update(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
+            es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         responses, reward = cfg.population * len(prompts), float(rewards.mean())
     else:
-        samples = policy.sample(model, tokenizer, env, prompts, cfg.group_size, cfg.max_new_tokens,
-                                cfg.gen_batch_size, cfg.temperature, seed=0, score_workers=0)
+        samples = sampling.sample(model, tokenizer, scorer, prompts, cfg.group_size, cfg.max_new_tokens,
+                                  cfg.gen_batch_size, cfg.temperature, seed=0)
         algo.update(algo.prepare(samples), optimizer)
         responses, reward = len(samples), float(samples.rewards.mean())
     if cuda:

@@ -3,7 +3,7 @@
     python -m benchmarks.scoring [--n 2000] [--workers 2]
 
 Each env scores a mix of correct and wrong completions, in this process (``score``) and through
-the batched worker pool (``score_batch``). The last column compares scoring with generation:
+the batched worker pool (a ``BatchScorer``). The last column compares scoring with generation:
 how many seconds of scoring one second of generating those completions costs, at a typical
 CPU generation speed of 100 tokens/s and 100 tokens per completion (so < 0.01 means scoring is
 never the bottleneck of a training iteration).
@@ -67,10 +67,11 @@ def main(argv: list[str] | None = None) -> None:
         start = time.perf_counter()
         single = [env.score(t, e) for t, e in zip(texts, examples)]
         t_single = time.perf_counter() - start
-        env.score_batch(texts[:4], examples[:4], workers=args.workers)  # start the pool
-        start = time.perf_counter()
-        batch = env.score_batch(texts, examples, workers=args.workers)
-        t_batch = time.perf_counter() - start
+        with llm_envs.BatchScorer(env, args.workers) as scorer:
+            scorer.score_batch(texts[:4], examples[:4])  # start the pool
+            start = time.perf_counter()
+            batch = scorer.score_batch(texts, examples)
+            t_batch = time.perf_counter() - start
         env.close()
         assert [s.correct for s in single] == [s.correct for s in batch], env_id
         best = min(t_single, t_batch) / n

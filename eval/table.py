@@ -1,6 +1,7 @@
 """Tables from evaluation results: the paper's Table 1 (accuracy per base model and method),
 Table 2 (conciseness: reward and KL across seeds, reward hacking flagged) and, for an
-environment measured on several splits (MATH-v0's five benchmarks), a split table.
+environment measured on several splits (MATH-v0's five benchmarks), a split table (columns in the
+order of the env's ``eval_splits``).
 
     python -m eval.table runs/eval/smollm2-135m runs/es-Countdown-v0-* [--format markdown|latex|csv] [--paper]
 
@@ -121,15 +122,14 @@ def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Tab
 def split_table(records: list[dict[str, Any]]) -> list[Table]:
     """Per environment measured on two or more splits: rows model + method (+ checkpoint),
     columns the splits and their average (pass@1 in %); the best of each column in bold."""
-    from llm_envs.envs.math_reasoning import BENCHMARKS
-
     tables = []
     for (env,), group in group_by(records, ("env",)).items():
         group = [r for r in group if is_greedy(r)] or group
         splits = list(dict.fromkeys(r["split"] for r in group))
         if len(splits) < 2:
             continue
-        splits = [s for s in BENCHMARKS if s in splits] + [s for s in splits if s not in BENCHMARKS]
+        declared = _eval_splits(env)
+        splits = [s for s in declared if s in splits] + [s for s in splits if s not in declared]
         cells: dict[str, dict[str, list[float]]] = {}
         for r in group:
             label = f"{model_name(str(r.get('base_model')))} {r['method']}"
@@ -149,6 +149,16 @@ def split_table(records: list[dict[str, Any]]) -> list[Table]:
                 table.bold |= {(i, c + 1) for i, v in enumerate(column) if v is not None and round(v, 1) == round(max(numbers), 1)}
         tables.append(table)
     return tables
+
+
+def _eval_splits(env_id: str) -> tuple[str, ...]:
+    """The evaluation splits ``env_id`` declares, in its order (none for an env not registered here)."""
+    import llm_envs
+
+    try:
+        return llm_envs.registry.env_class(env_id).eval_splits
+    except llm_envs.UnknownEnvError:
+        return ()
 
 
 # ----- Table 2 ---------------------------------------------------------------------------------------

@@ -3,14 +3,16 @@
 ``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0.
 """
 
-from llm_envs.core import AnyText, Example, Score, TaskEnv, chat, render_prompt
+from llm_envs.core import AnyText, TaskEnv, chat, render_prompt
 from llm_envs.data import DataError, FieldError, load_rows, require
 from llm_envs.registry import ENV_IDS, UnknownEnvError, make, register
+from llm_envs.scoring import BatchScorer
+from llm_envs.types import Example, Score
 
 # Each module registers its environment at import.
 from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, sudoku  # noqa: E402,F401
 
 __all__ = [
-    "AnyText", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",
+    "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",
     "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require",
 ]

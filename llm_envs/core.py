@@ -5,6 +5,9 @@ the model's completion and returns the verifiable reward. Trainers skip the epis
 use the batch API instead: ``examples(split)`` for the prompts and ``score``/``score_batch`` for
 the rewards.
 
+Scoring many completions in worker processes is a separate object, ``llm_envs.scoring.BatchScorer``,
+that trainers and the eval harness hold (``score_batch`` here is a convenience over one).
+
 A new environment implements three hooks:
 
 - ``build_split(split)``: the built-in examples of a split (generated or read from packaged data);
@@ -16,7 +19,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from os import PathLike
 from typing import Any, ClassVar
 
@@ -24,32 +26,8 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from llm_envs.data import DataError, FieldError, load_rows
-
-Message = dict[str, str]
-
-
-@dataclass(frozen=True)
-class Example:
-    """One problem: a chat prompt and what the scorer needs to check an answer."""
-
-    id: str
-    prompt: list[Message]
-    answer: Any
-    meta: dict[str, Any] = field(default_factory=dict)
-
-
-@dataclass
-class Score:
-    """The verdict on one completion.
-
-    ``reward`` is the shaped training reward, ``correct`` the pass/fail used for pass@k,
-    ``parts`` the reward's components and ``error`` why scoring failed (``None`` when it did not).
-    """
-
-    reward: float
-    correct: bool
-    parts: dict[str, float] = field(default_factory=dict)
-    error: str | None = None
+from llm_envs.scoring import BatchScorer
+from llm_envs.types import Example, Message, Score
 
 
 class AnyText(spaces.Text):
@@ -80,10 +58,13 @@ class TaskEnv(gym.Env[str, str]):
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
     #: Split names ``examples`` accepts; ``data=`` may add others.
     split_names: ClassVar[tuple[str, ...]] = ("train", "test")
+    #: Splits the eval harness measures by default (and tables list in this order).
+    eval_splits: ClassVar[tuple[str, ...]] = ("test",)
     #: Generation budget a trainer uses unless told otherwise.
     max_new_tokens: ClassVar[int] = 512
-    #: ``score_batch``'s default worker processes: ``None`` = one per core (up to 8); ``0`` scores
-    #: in-process, faster for cheap scorers that cannot hang (no per-item timeout there).
+    #: Default worker processes of a ``BatchScorer`` (and ``score_batch``): ``None`` = one per core
+    #: (up to 8); ``0`` scores in-process, faster for cheap scorers that cannot hang (no per-item
+    #: timeout there).
     score_workers: ClassVar[int | None] = None
     #: Longest prompt or completion the spaces admit.
     max_text_length: ClassVar[int] = 200_000
@@ -99,7 +80,7 @@ class TaskEnv(gym.Env[str, str]):
         self.action_space = AnyText(self.max_text_length, min_length=0)
         self._splits: dict[str, list[Example]] = {}
         self._current: Example | None = None
-        self._scorer = None  # a BatchScorer, started on first use
+        self._scorer: BatchScorer | None = None  # score_batch's, kept until close()
 
     # ----- hooks for subclasses -------------------------------------------------------------
     def build_split(self, split: str) -> list[Example]:
@@ -146,25 +127,18 @@ class TaskEnv(gym.Env[str, str]):
         workers: int | None = None,
         timeout: float = 10.0,
     ) -> list[Score]:
-        """Score many completions in worker processes, each given at most ``timeout`` seconds.
+        """Score many completions in worker processes, each given at most ``timeout`` seconds
+        (a convenience over a ``BatchScorer`` that this env keeps until ``close``).
 
         ``workers=0`` scores in this process (no per-item timeout); ``None`` takes the env's
         ``score_workers``. A completion whose scoring times out gets reward 0 and
         ``error='timeout'``.
         """
-        if len(completions) != len(examples):
-            raise ValueError(f"{len(completions)} completions for {len(examples)} examples")
-        if workers is None:
-            workers = self.score_workers
-        if workers == 0:
-            return [self.score(c, e) for c, e in zip(completions, examples)]
-        from llm_envs.scoring import BatchScorer
-
-        if self._scorer is None or (workers is not None and self._scorer.workers != workers):
-            if self._scorer is not None:
-                self._scorer.close()
-            self._scorer = BatchScorer(self, workers)
-        return self._scorer.score(list(completions), list(examples), timeout)
+        scorer = BatchScorer(self, workers)
+        if self._scorer is None or self._scorer.workers != scorer.workers:
+            self.close()
+            self._scorer = scorer
+        return self._scorer.score_batch(completions, examples, timeout)
 
     # ----- Gymnasium episode API -------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -211,12 +185,6 @@ class TaskEnv(gym.Env[str, str]):
             except FieldError as exc:
                 raise DataError(f"{path}: row {index}: field {exc.field!r}: {exc}") from None
         return examples
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Worker processes only score: the examples and the scorer's pool stay behind.
-        state = self.__dict__.copy()
-        state["_splits"], state["_scorer"], state["_current"] = {}, None, None
-        return state
 
 
 def render_prompt(messages: Sequence[Message]) -> str:

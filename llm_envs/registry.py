@@ -44,6 +44,12 @@ def resolve_id(env_id: str) -> str:
     return env_id
 
 
+def env_class(env_id: str) -> type[TaskEnv]:
+    """The ``TaskEnv`` subclass registered as ``env_id`` (class attributes such as
+    ``eval_splits`` and ``max_new_tokens``, without building the env)."""
+    return gym.registry[resolve_id(env_id)].entry_point
+
+
 def make(env_id: str, **kwargs: Any) -> TaskEnv:
     """Build a registered environment and return the ``TaskEnv`` itself (no wrappers)."""
     env_id = resolve_id(env_id)

@@ -1,4 +1,8 @@
-"""Scoring thousands of completions at once, in worker processes, with a per-item timeout.
+"""Scoring many completions at once, in worker processes, with a per-item timeout.
+
+A ``BatchScorer`` is to a ``TaskEnv`` what a Gymnasium vector env is to an ``Env``: a separate
+object that holds the worker processes, so trainers and the eval harness start it once per run
+and close it at the end, while the environment itself stays a plain, picklable object.
 
 Each worker holds a copy of the environment (sent once, when the pool starts). Inside a worker
 an interval timer stops any one item after ``timeout`` seconds; should a worker hang where Python
@@ -12,12 +16,21 @@ import multiprocessing as mp
 import os
 import signal
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from llm_envs.core import Example, Score, TaskEnv
+from llm_envs.types import Example, Score
 
-_ENV: TaskEnv | None = None  # the worker's environment
+
+class Scorable(Protocol):
+    """What a ``BatchScorer`` needs of an environment (``TaskEnv`` is one)."""
+
+    score_workers: int | None
+
+    def score(self, completion: str, example: Example) -> Score: ...
+
+
+_ENV: Scorable | None = None  # the worker's environment
 
 
 class _ItemTimeout(BaseException):
@@ -28,15 +41,13 @@ def _on_alarm(signum, frame):
     raise _ItemTimeout
 
 
-def _init_worker(env: TaskEnv) -> None:
+def _init_worker(env: Scorable) -> None:
     global _ENV
     _ENV = env
     signal.signal(signal.SIGALRM, _on_alarm)
 
 
 def _score_chunk(items: list[tuple[str, Example]], timeout: float) -> list[Score]:
-    from llm_envs.core import Score
-
     out = []
     for completion, example in items:
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -54,29 +65,27 @@ def default_workers() -> int:
 
 
 class BatchScorer:
-    """A pool of scoring processes bound to one environment."""
+    """Scores completions for one environment, in a pool of worker processes started on first use.
 
-    def __init__(self, env: TaskEnv, workers: int | None = None):
+    ``workers``: ``None`` takes the env's ``score_workers`` (itself ``None`` = one per core, up to
+    8); ``0`` scores in this process (no per-item timeout there). Close it when done (or use it
+    as a context manager).
+    """
+
+    def __init__(self, env: Scorable, workers: int | None = None):
         self.env = env
-        self.workers = workers or default_workers()
+        workers = env.score_workers if workers is None else workers
+        self.workers = default_workers() if workers is None else int(workers)
         self._pool = None
 
-    def _start(self):
-        # forkserver: workers never inherit the trainer's threads (torch, tqdm, tensorboard)
-        ctx = mp.get_context("forkserver")
-        self._pool = ctx.Pool(self.workers, initializer=_init_worker, initargs=(self.env,))
-        try:  # workers that cannot start (say, __main__ read from stdin) would be respawned forever
-            self._pool.apply_async(os.getpid).get(timeout=60)
-        except Exception as exc:
-            self.close()
-            raise RuntimeError(
-                f"scoring worker processes failed to start ({exc!r}); run from a script file, "
-                "or pass workers=0 to score in this process"
-            ) from None
-
-    def score(self, completions: list[str], examples: list[Example], timeout: float) -> list[Score]:
-        from llm_envs.core import Score
-
+    def score_batch(self, completions: Sequence[str], examples: Sequence[Example],
+                    timeout: float = 10.0) -> list[Score]:
+        """Score ``completions[i]`` against ``examples[i]``; each item gets at most ``timeout``
+        seconds, after which it scores 0 with ``error='timeout'``."""
+        if len(completions) != len(examples):
+            raise ValueError(f"{len(completions)} completions for {len(examples)} examples")
+        if self.workers == 0:
+            return [self.env.score(c, e) for c, e in zip(completions, examples)]
         if not completions:
             return []
         if self._pool is None:
@@ -103,8 +112,32 @@ class BatchScorer:
             self.close()
         return scores
 
+    def _start(self) -> None:
+        # forkserver: workers never inherit the trainer's threads (torch, tqdm, tensorboard)
+        ctx = mp.get_context("forkserver")
+        self._pool = ctx.Pool(self.workers, initializer=_init_worker, initargs=(self.env,))
+        try:  # workers that cannot start (say, __main__ read from stdin) would be respawned forever
+            self._pool.apply_async(os.getpid).get(timeout=60)
+        except Exception as exc:
+            self.close()
+            raise RuntimeError(
+                f"scoring worker processes failed to start ({exc!r}); run from a script file, "
+                "or pass workers=0 to score in this process"
+            ) from None
+
     def close(self) -> None:
+        """Stop the worker processes (a later ``score_batch`` starts new ones)."""
         if self._pool is not None:
             self._pool.terminate()
             self._pool.join()
             self._pool = None
+
+    def __enter__(self) -> BatchScorer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Worker processes belong to the process that started them: a copy starts its own.
+        return {**self.__dict__, "_pool": None}

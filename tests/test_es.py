@@ -70,7 +70,7 @@ def test_lowrank_errors_that_need_the_model(extra, message, tiny_model_dir, tmp_
 
 
 def learning_run(model_dir, out, noise_mode, mirrored):
-    es.main(["--env", "tests.toy_envs:Letter-v0", "--model", str(model_dir), "--out", str(out), "--iterations", "10",
+    es.main(["--env", "toy_envs:Letter-v0", "--model", str(model_dir), "--out", str(out), "--iterations", "10",
              "--population", "16", "--sigma", "0.02", "--alpha", "0.05", "--eval-every", "0", "--seed", "0",
              "--noise", noise_mode, "--rank", "2", "--mirrored", str(mirrored)])
     rewards = [json.loads(line).get("reward_mean") for line in (out / "log.jsonl").read_text().splitlines()]

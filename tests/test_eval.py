@@ -149,8 +149,8 @@ def test_kl_of_a_model_against_itself_is_zero_and_positive_for_a_perturbed_copy(
 
 def test_token_logprobs_ignore_padding(tiny_model, sampled):
     prompts, completions = sampled
-    batched = kl.token_logprobs(tiny_model, prompts, completions, batch_size=6)
-    alone = [kl.token_logprobs(tiny_model, [p], [c])[0] for p, c in zip(prompts, completions)]
+    batched = kl.completion_logprobs(tiny_model, prompts, completions, batch_size=6)
+    alone = [kl.completion_logprobs(tiny_model, [p], [c])[0] for p, c in zip(prompts, completions)]
     for a, b, c in zip(batched, alone, completions):
         assert len(a) == len(c) and torch.allclose(a, b, atol=1e-5)
     p, c = prompts[0], completions[0]  # against a plain unpadded forward pass
@@ -178,7 +178,7 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
     def boom(*a, **k):
         raise AssertionError("generate called despite a cached result")
 
-    monkeypatch.setattr(cli, "generate", boom)
+    monkeypatch.setattr("trainers.rollout.generate", boom)
     monkeypatch.setattr("trainers.models.load_model", boom)  # a cached local model is not even loaded
     [second] = cli.main(args)
     assert second["cached"] and second["pass@1"] == first["pass@1"] and second["reward_mean"] == first["reward_mean"]

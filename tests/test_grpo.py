@@ -11,9 +11,13 @@ import pytest
 import torch
 
 import llm_envs
-from trainers import grpo, policy, sweep
+from trainers import grpo, policy, rl, sweep
+from trainers.budget import Budget
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
-from trainers.policy import Budget, kl_k3, micro_batches, pad, sample, token_logprobs
+from trainers.logprobs import pad, token_logprobs
+from trainers.losses import kl_k3
+from trainers.policy import micro_batches
+from trainers.sampling import sample
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
@@ -197,7 +201,7 @@ def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_mode
     def no_reference(*a, **k):
         raise AssertionError("Dr.GRPO has beta 0: the reference model must not be loaded")
 
-    monkeypatch.setattr(policy, "load_reference", no_reference)
+    monkeypatch.setattr(rl, "load_reference", no_reference)
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--loss", "dr_grpo"))
     assert grpo.resolve(["--loss", "dr_grpo"]).beta == 0.0 and grpo.resolve([]).beta == 1e-3
@@ -209,7 +213,7 @@ def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_di
     out = tmp_path / "run"
     args = grpo_args(tiny_model_dir, out, "--steps", "4", "--checkpoint-every", "2", "--batch-size", "2",
                      "--group-size", "4")
-    with kill_on_call(policy, "sample", 4):  # in step 4, after the checkpoint of step 2
+    with kill_on_call(rl, "sample", 4):  # in step 4, after the checkpoint of step 2
         grpo.main(args)
     ckpt = out / "checkpoints" / "000002"
     assert (ckpt / "trainer.pt").is_file() and not (out / "final").exists()

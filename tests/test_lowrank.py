@@ -119,7 +119,7 @@ def test_update_equals_explicit_formula(tiny_model):
     params = noise.Params([(l.name, l.weight) for l in layers])
     before = [l.weight.detach().double().clone() for l in layers]
     seeds, coefs = [5, 6, 7], [3e-3, -1e-3, 2e-3]
-    lowrank.apply_update(params, layers, seeds, coefs, rank)
+    lowrank.apply_lowrank_update(params, layers, seeds, coefs, rank)
     for i, (layer, b) in enumerate(zip(layers, before)):
         expected = b.clone()
         for s, c in zip(seeds, coefs):
@@ -134,7 +134,7 @@ def test_update_goes_through_the_fp32_master(tiny_model):
     layers = lowrank.select_layers(model, None, 1)
     params = noise.Params([(l.name, l.weight) for l in layers])
     for _ in range(3):
-        lowrank.apply_update(params, layers, [1, 2], [1e-4, -2e-4], 1)
+        lowrank.apply_lowrank_update(params, layers, [1, 2], [1e-4, -2e-4], 1)
     for layer, master in zip(layers, params.masters):
         assert master.dtype == torch.float32 and torch.equal(layer.weight, master.to(torch.bfloat16))
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers import policy, ppo
+from trainers import ppo, rl
 from trainers.ppo import gae, ppo_loss, token_rewards
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
@@ -88,20 +88,20 @@ def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, k
     out = tmp_path / "run"
     args = ppo_args(tiny_model_dir, out, "--steps", "3", "--checkpoint-every", "2", "--batch-size", "2",
                     "--group-size", "2")
-    with kill_on_call(policy, "sample", 3):
+    with kill_on_call(rl, "sample", 3):
         ppo.main(args)
     saved = torch.load(out / "checkpoints" / "000002" / "trainer.pt", weights_only=False)
     head = saved["modules"]["value_head"]
     assert head["linear.weight"].abs().sum() > 0  # trained, not the zero init
 
     restored = {}
-    real_restore = policy.restore_trainer
+    real_restore = rl.restore_trainer
 
     def spy(run, step, optimizer, modules=None):
         real_restore(run, step, optimizer, modules)
         restored.update({k: v.detach().clone() for k, v in modules["value_head"].state_dict().items()})
 
-    monkeypatch.setattr(policy, "restore_trainer", spy)
+    monkeypatch.setattr(rl, "restore_trainer", spy)
     ppo.main(["--resume", str(out)])
     assert torch.equal(restored["linear.weight"], head["linear.weight"])
     assert [r["iteration"] for r in log_of(out) if "reward_mean" in r] == [1, 2, 3]

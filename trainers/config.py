@@ -2,7 +2,8 @@
 
 Every field becomes a ``--flag-name`` (help from ``field(metadata={"help": ...})``); ``--config
 FILE.yaml`` supplies values that flags on the command line override. Bad values end the program
-with a one-line message naming the flag, never a traceback.
+with a one-line message naming the flag, never a traceback. ``TrainConfig`` holds the options
+every trainer shares; ``ESConfig`` and ``RLConfig`` add their own.
 """
 
 from __future__ import annotations
@@ -13,10 +14,14 @@ import json
 import sys
 import time
 import typing
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+import llm_envs
+from trainers.run_dir import RunDirError
 
 C = TypeVar("C")
 
@@ -131,6 +136,40 @@ def env_kwargs(env_args: str | None) -> dict[str, Any]:
     return args
 
 
+@dataclass
+class TrainConfig:
+    """The options every trainer has (ES, GRPO, PPO): what to train on, where the run lives, the
+    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields."""
+
+    env: str = field(default="Countdown-v0", metadata={"help": "environment id; 'my_module:My-v0' imports my_module first"})
+    model: str = field(default="smollm2-135m", metadata={"help": "Hugging Face id, local directory, or smollm2-135m"})
+    seed: int = field(default=0, metadata={"help": "run seed: batches, noise and sampling derive from it"})
+    out: str | None = field(default=None, metadata={"help": "run directory (default runs/METHOD-ENV-TIME)"})
+    resume: str | None = field(default=None, metadata={"help": "continue the run in this directory from its latest checkpoint"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget (default: the env's)"})
+    gen_batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
+    eval_every: int = field(default=10, metadata={"help": "held-out pass@1 every K iterations (0: only start and end)"})
+    eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
+    eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
+    checkpoint_every: int = field(default=50, metadata={"help": "save a checkpoint every K iterations"})
+    max_samples: int | None = field(default=None, metadata={"help": "sample budget: generated training responses a run never exceeds "
+                                                                   "(an iteration or step starts only if it fits)"})
+    env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
+
+    def validate(self) -> None:
+        try:
+            llm_envs.registry.resolve_id(self.env)
+        except llm_envs.UnknownEnvError as exc:
+            raise ConfigError(f"--env: {exc}") from None
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
+        check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
+        check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
+        env_kwargs(self.env_args)  # validates: a JSON object or nothing
+
+
 def to_dict(config: Any) -> dict[str, Any]:
     return dataclasses.asdict(config)
 
@@ -163,9 +202,6 @@ def resolve_config(cls: type, prefix, argv: list[str] | None = None, description
 
 def run_main(resolve, train, argv: list[str] | None = None) -> None:
     """``train(resolve(argv))`` with bad configs, run directories and data as one-line errors."""
-    import llm_envs
-    from trainers.run_dir import RunDirError
-
     try:
         train(resolve(argv))
     except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:  # OSError: a model that cannot load

@@ -34,11 +34,11 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, lowrank, noise
-from trainers.config import ConfigError, check, env_kwargs, resolve_config, run_main, to_dict
+from trainers.config import ConfigError, TrainConfig, check, env_kwargs, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
-from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl
+from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -52,27 +52,16 @@ GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
 
 
 @dataclass
-class ESConfig:
-    env: str = field(default="Countdown-v0", metadata={"help": "environment id; 'my_module:My-v0' imports my_module first"})
-    model: str = field(default="smollm2-135m", metadata={"help": "Hugging Face id, local directory, or smollm2-135m"})
+class ESConfig(TrainConfig):
     iterations: int | None = field(default=None, metadata={"help": "ES iterations (paper's per env)"})
     population: int | None = field(default=None, metadata={"help": "N, perturbations per iteration (paper's per env)"})
     sigma: float | None = field(default=None, metadata={"help": "noise scale (paper's per env)"})
     alpha: float | None = field(default=None, metadata={"help": "learning rate, 1/sigma folded in (paper's per env)"})
-    seed: int = field(default=0, metadata={"help": "run seed: noise seeds and batches derive from it"})
-    out: str | None = field(default=None, metadata={"help": "run directory (default runs/es-ENV-TIME)"})
-    resume: str | None = field(default=None, metadata={"help": "continue the run in this directory"})
     batch_size: int | None = field(default=None, metadata={"help": "training prompts per iteration (default: whole train split)"})
-    max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget (default: the env's)"})
     gen_batch_size: int | None = field(default=None, metadata={"help": "sequences per generate() call (default: 32 for "
                                                                        "full-rank members and held-out evaluation; "
                                                                        "low-rank: the whole population, split only "
                                                                        "when memory requires)"})
-    eval_every: int = field(default=10, metadata={"help": "held-out pass@1 every K iterations (0: only start and end)"})
-    eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
-    eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
-    checkpoint_every: int = field(default=50, metadata={"help": "save weights every K iterations"})
-    max_samples: int | None = field(default=None, metadata={"help": "stop once this many responses were generated (sample budget)"})
     mirrored: bool = field(default=False, metadata={"help": "antithetic pairs (+eps, -eps) (not in the paper)"})
     rank_shaping: bool = field(default=False, metadata={"help": "centered ranks in [-0.5, 0.5] instead of z-scores, ties "
                                                                 "averaged (not in the paper; ~0.3x the z-scores' scale, "
@@ -86,18 +75,12 @@ class ESConfig:
     rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
-    env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
-    device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
                                                                "fp32 keeps updates smaller than bf16's step)"})
-    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
 
     def validate(self) -> None:
-        try:
-            env_id = llm_envs.registry.resolve_id(self.env)
-        except llm_envs.UnknownEnvError as exc:
-            raise ConfigError(f"--env: {exc}") from None
-        defaults = PAPER_DEFAULTS.get(env_id, GENERIC_DEFAULTS)
+        super().validate()
+        defaults = PAPER_DEFAULTS.get(llm_envs.registry.resolve_id(self.env), GENERIC_DEFAULTS)
         for name, value in defaults.items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
@@ -107,18 +90,13 @@ class ESConfig:
         check(self.sigma > 0 and np.isfinite(self.sigma), "sigma", "must be a positive number")
         check(self.alpha > 0 and np.isfinite(self.alpha), "alpha", "must be a positive number")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
-        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
-        check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
-        check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.rank >= 1, "rank", "must be >= 1")
         check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
-        check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         if self.param_filter is not None:
             try:
                 re.compile(self.param_filter)
             except re.error as exc:
                 raise ConfigError(f"--param-filter: invalid regex ({exc})") from None
-        env_kwargs(self.env_args)  # validates: a JSON object or nothing
 
 
 # ----- the algorithm ----------------------------------------------------------------------------
@@ -166,7 +144,7 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
     return list(merged), list(merged.values())
 
 
-def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, env, params: noise.Params,
+def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, scorer, params: noise.Params,
                  layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1):
     """Evaluate this process's share of the population (members rank, rank + world, ...);
     returns seeds, signs and per-member arrays of mean reward, accuracy and tokens (zeros for
@@ -175,21 +153,20 @@ def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, env, params: n
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
     mine = list(range(rank, cfg.population, world))
     if cfg.noise == "lowrank":
-        evaluate_batched(cfg, model, tokenizer, env, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
+        evaluate_batched(cfg, model, tokenizer, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
                          rewards, accuracy, tokens)
         return seeds, signs, rewards, accuracy, tokens
     for n in mine:  # the paper's loop: perturb in place, generate, restore
         patches = noise.perturb(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
         try:
-            r = rollout(model, tokenizer, env, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32,
-                        score_workers=cfg.score_workers)
+            r = rollout(model, tokenizer, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32)
         finally:
             noise.restore(params, seeds[n], cfg.sigma, patches, signs[n], cfg.shared_noise)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
     return seeds, signs, rewards, accuracy, tokens
 
 
-def evaluate_batched(cfg: ESConfig, model, tokenizer, env, layers, batch, members, rewards, accuracy, tokens) -> None:
+def evaluate_batched(cfg: ESConfig, model, tokenizer, scorer, layers, batch, members, rewards, accuracy, tokens) -> None:
     """Low-rank mode: every (member, prompt) pair is one row of one ``generate`` call, rows
     member-major; more calls only when the rows do not fit in memory (``--gen-batch-size`` caps
     them). Fills the per-member arrays in place."""
@@ -205,8 +182,8 @@ def evaluate_batched(cfg: ESConfig, model, tokenizer, env, layers, batch, member
         pop = lowrank.Population(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
         try:
             with pop.applied():
-                r = rollout(model, tokenizer, env, [e for _ in chunk for e in batch], cfg.max_new_tokens,
-                            len(chunk) * P, score_workers=cfg.score_workers, sort=False)
+                r = rollout(model, tokenizer, scorer, [e for _ in chunk for e in batch], cfg.max_new_tokens,
+                            len(chunk) * P, sort=False)
         except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
             if per_call == 1:
                 raise
@@ -231,10 +208,10 @@ def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer]
     return noise.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
 
 
-def apply_update(cfg: ESConfig, params: noise.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
+def update_weights(cfg: ESConfig, params: noise.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
     """theta += sum_n coefficients[n] * (eps_n or E_n): the update of either noise mode."""
     if cfg.noise == "lowrank":
-        lowrank.apply_update(params, layers, seeds, coefficients, cfg.rank)
+        lowrank.apply_lowrank_update(params, layers, seeds, coefficients, cfg.rank)
     else:
         noise.apply_update(params, seeds, coefficients, cfg.shared_noise)
 
@@ -302,7 +279,7 @@ def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, 
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
         if not u["skipped"]:
-            apply_update(cfg, params, layers, u["seeds"], u["coefficients"])
+            update_weights(cfg, params, layers, u["seeds"], u["coefficients"])
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -314,6 +291,7 @@ def train(cfg: ESConfig) -> Path:
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
     env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
+    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
@@ -349,8 +327,8 @@ def train(cfg: ESConfig) -> Path:
     def held_out(iteration: int) -> dict[str, float]:
         if not dist.is_main:
             return {}
-        scores = evaluate(model, tokenizer, env, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
-                          cfg.eval_limit, cfg.score_workers)
+        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
+                          cfg.eval_limit)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}
         run.log(record, iteration)
         say(f"[iter {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
@@ -373,7 +351,7 @@ def train(cfg: ESConfig) -> Path:
             break
         start = time.perf_counter()
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
-        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, env, params, layers, batch,
+        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, scorer, params, layers, batch,
                                                                dist.rank, dist.world)
         rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)
         z = normalise(rewards, cfg.rank_shaping)
@@ -382,7 +360,7 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = [], []
         else:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
-            apply_update(cfg, params, layers, upd_seeds, coefs)
+            update_weights(cfg, params, layers, upd_seeds, coefs)
         samples += per_step
         total_tokens += int(tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
@@ -409,25 +387,10 @@ def train(cfg: ESConfig) -> Path:
         save_model(model, tokenizer, run.path / "final")
         summarize(run)
     run.close()
+    scorer.close()
     env.close()
     dist.barrier()
     return run.path
-
-
-def summarize(run: RunDir) -> None:
-    """Print the training and held-out rewards at the start and the end of the run."""
-    log = run.read_log()
-    train = [r for r in log if "reward_mean" in r]
-    evals = [r for r in log if "eval_reward" in r]
-    if train:
-        k = max(1, len(train) // 5)
-        first, last = np.mean([r["reward_mean"] for r in train[:k]]), np.mean([r["reward_mean"] for r in train[-k:]])
-        tqdm.write(f"training reward (mean of first/last {k} iterations): {first:.4f} -> {last:.4f}")
-    if len(evals) >= 2:
-        a, b = evals[0], evals[-1]
-        tqdm.write(f"held-out reward: {a['eval_reward']:.4f} -> {b['eval_reward']:.4f}; "
-                   f"pass@1: {a['eval_pass@1']:.3f} -> {b['eval_pass@1']:.3f}")
-    tqdm.write(f"final model: {run.path / 'final'}")
 
 
 def resolve(argv: list[str] | None = None) -> ESConfig:

@@ -30,10 +30,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers import policy
+from trainers import rl
 from trainers.config import check, resolve_config, run_main
-from trainers.policy import (RLConfig, Samples, clip_and_step, clipped_surrogate, kl_k3, masked_sum, micro_batches,
-                             pad, token_logprobs)
+from trainers.logprobs import pad, token_logprobs
+from trainers.losses import clipped_surrogate, kl_k3, masked_sum
+from trainers.policy import clip_and_step, micro_batches
+from trainers.rl import RLConfig
+from trainers.sampling import Samples
 
 STD_EPS = 1e-6
 
@@ -153,7 +156,7 @@ class GRPO:
 
 
 def train(cfg: GRPOConfig):
-    return policy.train(cfg, GRPO)
+    return rl.train(cfg, GRPO)
 
 
 def resolve(argv: list[str] | None = None) -> GRPOConfig:

@@ -149,7 +149,7 @@ class Population:
 
 
 @torch.no_grad()
-def apply_update(params: Params, layers: Sequence[Layer], seeds: Sequence[int], coefficients: Sequence[float],
+def apply_lowrank_update(params: Params, layers: Sequence[Layer], seeds: Sequence[int], coefficients: Sequence[float],
                  rank: int) -> None:
     """theta_W += sum_n coefficients[n] * A_n B_n^T / sqrt(R) for every layer: one fp32 product of
     the stacked, coefficient-scaled factors per layer, added once (through ``params``, which

@@ -85,6 +85,15 @@ def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
     raise ValueError(f"invalid dtype {dtype!r}: use one of {sorted(names)} or a torch.dtype")
 
 
+def compute_context(model):
+    """bf16 autocast on CUDA (the RL policy keeps fp32 weights: AdamW steps of 1e-6 vanish in bf16
+    weights); nothing on CPU."""
+    device = next(model.parameters()).device
+    if device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
 def cache_dir() -> Path:
     """Root of the llm_envs cache: ``$LLM_ENVS_CACHE``, default ``~/.cache/llm_envs``."""
     return Path(os.environ.get("LLM_ENVS_CACHE") or Path.home() / ".cache" / "llm_envs").expanduser()
@@ -383,8 +392,10 @@ def save_model(model, tokenizer, path: str | os.PathLike) -> Path:
     return path
 
 
-def model_fingerprint(model, full: bool = True) -> str:
-    """A short hex digest of the model's weights (names, shapes, dtypes and values) and architecture.
+def model_fingerprint(model, tokenizer=None, *, full: bool = True) -> str:
+    """A short hex digest of the model's weights (names, shapes, dtypes and values) and architecture,
+    followed by ``-`` and a hash of what ``tokenizer`` makes of a prompt when one is given (the
+    eval harness's cache key: the same weights behind another chat template answer differently).
 
     Equal weights give equal fingerprints whatever the device or the path the model was loaded
     from; any changed weight changes it. ``full=False`` hashes a strided sample of each tensor
@@ -411,4 +422,7 @@ def model_fingerprint(model, full: bool = True) -> str:
         t = t.to("cpu").contiguous()
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()[:16]
+    if tokenizer is None:
+        return h.hexdigest()[:16]
+    tok = json.dumps([getattr(tokenizer, "chat_template", None), tokenizer.eos_token, len(tokenizer)])
+    return f"{h.hexdigest()[:16]}-{hashlib.sha256(tok.encode()).hexdigest()[:8]}"

@@ -29,10 +29,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers import policy
+from trainers import rl
 from trainers.config import check, resolve_config, run_main
-from trainers.policy import (KL_ESTIMATORS, RLConfig, Samples, clip_and_step, clipped_surrogate, masked_sum,
-                             masked_whiten, micro_batches, pad, token_logprobs)
+from trainers.logprobs import pad, token_logprobs
+from trainers.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
+from trainers.policy import clip_and_step, micro_batches
+from trainers.rl import RLConfig
+from trainers.sampling import Samples
 
 
 @dataclass
@@ -197,7 +200,7 @@ class PPO:
 
 
 def train(cfg: PPOConfig):
-    return policy.train(cfg, PPO)
+    return rl.train(cfg, PPO)
 
 
 def resolve(argv: list[str] | None = None) -> PPOConfig:

@@ -1,5 +1,11 @@
 """Generate completions for an environment's examples and score them: the one path from a
-model to rewards, shared by every trainer and the evaluation harness."""
+model to rewards, shared by every trainer and the evaluation harness.
+
+``evaluate`` is the held-out measurement (greedy pass@1 and mean reward on the first ``limit``
+examples of a split): trainers log it as ``eval_pass@1`` / ``eval_reward``, and ``python -m eval``
+measures greedy pass@1 through the same ``eval_examples`` and ``rollout``, so the two agree on the
+same model, split and ``max_new_tokens``.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from llm_envs import Example, Score, TaskEnv
-from trainers.generation import generate
+from llm_envs import BatchScorer, Example, Score, TaskEnv
+from trainers.generation import GenerationResult, generate
 
 
 def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:
@@ -24,10 +30,20 @@ def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> l
 
 @dataclass
 class Rollout:
-    texts: list[str]
+    """Completions (``samples`` per example, example-major) and their scores."""
+
+    examples: list[Example]  # one per completion
+    generation: GenerationResult  # texts, token ids and counts, generation time
     scores: list[Score]
-    num_tokens: list[int]
-    seconds: float
+    seconds: float  # generation and scoring
+
+    @property
+    def texts(self) -> list[str]:
+        return self.generation.texts
+
+    @property
+    def num_tokens(self) -> list[int]:
+        return self.generation.num_tokens
 
     @property
     def mean_reward(self) -> float:
@@ -41,29 +57,39 @@ class Rollout:
 def rollout(
     model,
     tokenizer,
-    env: TaskEnv,
+    scorer: BatchScorer,
     examples: Sequence[Example],
     max_new_tokens: int,
     batch_size: int = 32,
     temperature: float = 0.0,
     seed: int | None = None,
-    score_workers: int | None = None,
+    samples: int = 1,
+    top_p: float = 1.0,
+    progress: bool = False,
     sort: bool = True,
 ) -> Rollout:
-    """Completions of ``examples`` (greedy unless ``temperature > 0``) and their scores
-    (``sort=False``: generate in the given order, see ``generate``)."""
+    """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``),
+    scored by ``scorer`` (completions only, never the prompt). ``sort=False`` generates in the
+    given order (see ``generate``)."""
     start = time.perf_counter()
     out = generate(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
-                   batch_size=batch_size, temperature=temperature, seed=seed, sort=sort)
-    scores = env.score_batch(out.texts, list(examples), workers=score_workers)
-    return Rollout(out.texts, scores, out.num_tokens, time.perf_counter() - start)
+                   batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
+                   num_return_sequences=samples, progress=progress, sort=sort)
+    per_completion = [e for e in examples for _ in range(samples)]
+    scores = scorer.score_batch(out.texts, per_completion)
+    return Rollout(per_completion, out, scores, time.perf_counter() - start)
 
 
-def evaluate(model, tokenizer, env: TaskEnv, split: str = "test", max_new_tokens: int | None = None,
-             batch_size: int = 32, limit: int | None = None, score_workers: int | None = None) -> dict[str, float]:
+def eval_examples(env: TaskEnv, split: str = "test", limit: int | None = None) -> list[Example]:
+    """The held-out examples: the first ``limit`` (all when ``None``) of ``split``."""
+    return list(env.examples(split))[:limit]
+
+
+def evaluate(model, tokenizer, scorer: BatchScorer, split: str = "test", max_new_tokens: int | None = None,
+             batch_size: int = 32, limit: int | None = None) -> dict[str, float]:
     """Greedy pass@1 and mean reward on ``split`` (the paper's protocol)."""
-    examples = list(env.examples(split))[:limit]
-    r = rollout(model, tokenizer, env, examples, max_new_tokens or env.max_new_tokens, batch_size,
-                score_workers=score_workers)
+    env = scorer.env
+    examples = eval_examples(env, split, limit)
+    r = rollout(model, tokenizer, scorer, examples, max_new_tokens or env.max_new_tokens, batch_size)
     return {"pass@1": r.accuracy, "reward": r.mean_reward, "n": len(examples),
             "tokens": sum(r.num_tokens), "seconds": r.seconds}

@@ -19,7 +19,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
+from tqdm import tqdm
 
 
 TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
@@ -110,6 +112,23 @@ class RunDir:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+def summarize(run: RunDir) -> None:
+    """Print the training and held-out rewards at the start and the end of the run (every trainer
+    ends with it)."""
+    log = run.read_log()
+    train = [r for r in log if "reward_mean" in r]
+    evals = [r for r in log if "eval_reward" in r]
+    if train:
+        k = max(1, len(train) // 5)
+        first, last = np.mean([r["reward_mean"] for r in train[:k]]), np.mean([r["reward_mean"] for r in train[-k:]])
+        tqdm.write(f"training reward (mean of first/last {k} iterations): {first:.4f} -> {last:.4f}")
+    if len(evals) >= 2:
+        a, b = evals[0], evals[-1]
+        tqdm.write(f"held-out reward: {a['eval_reward']:.4f} -> {b['eval_reward']:.4f}; "
+                   f"pass@1: {a['eval_pass@1']:.3f} -> {b['eval_pass@1']:.3f}")
+    tqdm.write(f"final model: {run.path / 'final'}")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:

@@ -48,11 +48,12 @@ from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any
 
-from llm_envs.core import Example, Score, TaskEnv, chat
+from llm_envs.core import TaskEnv, chat
 from llm_envs.data import FieldError, require
 from llm_envs.parsing import last_code_block, tag_blocks
 from llm_envs.registry import register
 from llm_envs.sandbox import run_function
+from llm_envs.types import Example, Score
 
 Grid = list[list[int]]
 

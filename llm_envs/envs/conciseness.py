@@ -34,9 +34,10 @@ from collections.abc import Mapping
 from os import PathLike
 from typing import Any
 
-from llm_envs.core import Example, Score, TaskEnv, chat
+from llm_envs.core import TaskEnv, chat
 from llm_envs.data import FieldError, require
 from llm_envs.registry import register
+from llm_envs.types import Example, Score
 
 #: (prompt, solution, other accepted answers), from the paper's tables.
 TRAIN = [

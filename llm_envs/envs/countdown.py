@@ -50,10 +50,11 @@ from fractions import Fraction
 from os import PathLike
 from typing import Any
 
-from llm_envs.core import Example, Score, TaskEnv, chat
+from llm_envs.core import TaskEnv, chat
 from llm_envs.data import FieldError, require
 from llm_envs.parsing import last_tag
 from llm_envs.registry import register
+from llm_envs.types import Example, Score
 
 #: The paper's system prompt (its Countdown input starts with it).
 PAPER_SYSTEM_PROMPT = (

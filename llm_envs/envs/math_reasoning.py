@@ -48,15 +48,16 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from llm_envs.core import Example, Score, TaskEnv, chat
+from llm_envs.core import TaskEnv, chat
 from llm_envs.data import DataError, FieldError, load_rows, require
 from llm_envs.registry import register
+from llm_envs.types import Example, Score
 
 #: The Qwen-Math system prompt used by the paper.
 SYSTEM_PROMPT = "Please reason step by step, and put your final answer within \\boxed{}."
 #: Environment variable naming a directory of benchmark files (see the module docstring).
 DATA_DIR_ENV = "LLM_ENVS_MATH_DIR"
-#: The paper's five MATH benchmarks (split names), for the eval harness.
+#: The paper's five MATH benchmarks (split names): the env's evaluation splits.
 BENCHMARKS: tuple[str, ...] = ("math500", "aime24", "amc23", "minerva", "olympiadbench")
 #: File each split is read from in a data directory.
 SPLIT_FILES: dict[str, str] = {
@@ -227,6 +228,7 @@ class MathEnv(TaskEnv):
     """
 
     split_names = ("train", "test", *BENCHMARKS)
+    eval_splits = BENCHMARKS
     #: Default generation budget (the paper allowed up to 3000 new tokens; 1024 covers most
     #: Qwen2.5-Math solutions at a third of the cost; raise it to match the paper).
     max_new_tokens = 1024

@@ -1,0 +1,327 @@
+"""The evaluation harness (``python -m eval`` is its command line): measure a model on an
+environment: greedy pass@1 (the paper's protocol), unbiased pass@k from sampled responses, and KL
+from a base model, with per-example results and a summary on disk.
+
+Responses come from ``trainers.rollout`` (the same generation, scoring and held-out examples as
+the trainers' own ``eval_pass@1``), so greedy pass@1 here equals a trainer's logged one for the
+same model, split and ``max_new_tokens``. An environment's default splits are its
+``eval_splits`` (MATH-v0: its five benchmarks).
+
+Writes OUT/ENV.SPLIT.TAG.jsonl (one line per response: prompt id, sample, completion, reward,
+correct, ...) and OUT/ENV.SPLIT.TAG.summary.json (what ``python -m eval.table`` reads); OUT
+defaults to RUN/eval for a trainer run, else runs/eval/MODEL. Results are cached by model
+fingerprint, environment, examples, split and decoding settings (see ``eval.cache``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llm_envs
+from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
+from eval.cache import Cache, cache_key, file_hash
+from eval.passk import mean_std, pass_at_ks
+from trainers.config import ConfigError, check, env_kwargs
+from trainers.generation import encode_prompts
+from trainers.models import model_fingerprint
+from trainers.rollout import eval_examples, rollout
+
+#: Decoding presets: the paper's conciseness protocol (20 samples per prompt, KL to the base).
+PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperature": 1.0, "kl_to": "base"}}
+
+
+@dataclass
+class EvalConfig:
+    env: str = field(default="Countdown-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
+    model: str = field(default="smollm2-135m", metadata={"help": "HF id, local model dir, smollm2-135m, or a trainer run dir (its final/ model)"})
+    split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
+    data: str | None = field(default=None, metadata={"help": "a data file for the evaluated split (replaces the built-in one)"})
+    out: str | None = field(default=None, metadata={"help": "output directory; None = RUN/eval for a run, else runs/eval/MODEL"})
+    samples: int = field(default=1, metadata={"help": "responses per prompt; > 1 adds unbiased pass@k for k = 1..samples"})
+    temperature: float | None = field(default=None, metadata={"help": "sampling temperature; None = 0 (greedy), or 1.0 with --samples > 1"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold"})
+    seed: int = field(default=0, metadata={"help": "sampling seed"})
+    kl_to: str | None = field(default=None, metadata={"help": "base model for mean per-token KL (k3) on the sampled responses; 'base' = the run's base model"})
+    preset: str | None = field(default=None, metadata={"help": "conciseness = the paper's protocol: 20 samples at temperature 1, KL to the base", "choices": list(PRESETS)})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget; None = the env's"})
+    batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
+    limit: int | None = field(default=None, metadata={"help": "evaluate the first K examples of each split only"})
+    label: str | None = field(default=None, metadata={"help": "method label in tables and plots; None = inferred from the run's config"})
+    env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
+    cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
+    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in-process); None = the env's"})
+
+    def validate(self) -> None:
+        for name, value in PRESETS.get(self.preset or "", {}).items():
+            if name == "samples" and self.samples == 1 or name != "samples" and getattr(self, name) is None:
+                setattr(self, name, value)
+        if self.temperature is None:
+            self.temperature = 1.0 if self.samples > 1 else 0.0
+        check(self.samples >= 1, "samples", "must be >= 1")
+        check(self.temperature >= 0, "temperature", "must be >= 0")
+        check(self.samples == 1 or self.temperature > 0, "samples", "needs --temperature > 0 (greedy samples are identical)")
+        check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
+        env_kwargs(self.env_args)  # validates: a JSON object or nothing
+
+    @property
+    def tag(self) -> str:
+        """File-name tag of the decoding settings."""
+        tag = "greedy" if self.temperature == 0 else f"t{self.temperature:g}-k{self.samples}"
+        tag += f"-p{self.top_p:g}" if self.top_p < 1 else ""
+        return tag + ("-kl" if self.kl_to else "") + (f"-n{self.limit}" if self.limit else "")
+
+
+class LazyModel:
+    """A model loaded on first use; its fingerprint is remembered per weight files, so a fully
+    cached evaluation of a local model never loads it."""
+
+    def __init__(self, path: str, device: str | None, cache: Cache):
+        self.path, self.device, self.cache = path, device, cache
+        self._loaded: tuple[Any, Any] | None = None
+        self._fingerprint: str | None = None
+
+    def get(self) -> tuple[Any, Any]:
+        if self._loaded is None:
+            from trainers.models import load_model
+
+            try:
+                self._loaded = load_model(self.path, device=self.device)
+            except ValueError as exc:  # a malformed name or an unavailable device
+                raise ConfigError(f"model {self.path!r}: {exc}") from None
+        return self._loaded
+
+    @property
+    def fingerprint(self) -> str:
+        if self._fingerprint is None:
+            stamp = _weights_stamp(self.path)
+            known = self.cache.get(stamp) if stamp else None
+            if known:
+                self._fingerprint = known["fingerprint"]
+            else:
+                self._fingerprint = model_fingerprint(*self.get())  # weights and tokenizer
+                if stamp:
+                    self.cache.put(stamp, {"fingerprint": self._fingerprint, "path": self.path})
+        return self._fingerprint
+
+
+def _weights_stamp(path: str) -> str | None:
+    """A cache key of a local model directory's files (names, sizes, mtimes); None otherwise."""
+    from trainers.models import ALIASES, cache_dir
+
+    directory = cache_dir() / ALIASES[path.lower()] if path.lower() in ALIASES else Path(path).expanduser()
+    if not directory.is_dir():
+        return None
+    files = sorted(p for p in directory.iterdir() if p.is_file())
+    return cache_key(kind="weights", path=str(directory.resolve()),
+                     files=[(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
+
+
+def examples_hash(examples) -> str:
+    """Hash of the examples' content (prompts, answers, metadata): any data change misses the cache."""
+    blob = json.dumps([[e.id, e.prompt, e.answer, e.meta] for e in examples], sort_keys=True, default=repr)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+# ----- measuring ----------------------------------------------------------------------------------
+
+
+def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: str, env_args: dict, examples,
+                       cfg: EvalConfig, cache: Cache, split: str) -> tuple[dict[str, Any], str, bool]:
+    """Responses, rewards and verdicts of ``examples`` (cached): (entry, cache key, was cached)."""
+    sampling = cfg.temperature > 0
+    decoding = dict(max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, temperature=cfg.temperature,
+                    top_p=cfg.top_p if sampling else 1.0, seed=cfg.seed if sampling else None,
+                    batch_size=cfg.batch_size if sampling else None)  # sampled text depends on the batch size
+    key = cache_key(kind="generate", model=model.fingerprint, env=env_id, env_args=env_args, split=split,
+                    data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples), decoding=decoding)
+    entry = cache.get(key)
+    if entry is not None:
+        return entry, key, True
+    lm, tokenizer = model.get()
+    r = rollout(lm, tokenizer, scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
+                cfg.seed if sampling else None, cfg.samples, cfg.top_p, progress=True)
+    out = r.generation
+    rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, reward=s.reward, correct=bool(s.correct),
+                 parts=s.parts, error=s.error, tokens=n, finished=done, token_ids=ids)
+            for j, (e, text, s, n, done, ids) in enumerate(zip(r.examples, out.texts, r.scores, out.num_tokens,
+                                                                out.finished, out.token_ids))]
+    entry = {"rows": rows, "seconds": out.seconds, "tokens": out.total_tokens, "decoding": decoding}
+    cache.put(key, entry)
+    return entry, key, False
+
+
+def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any], gen_key: str, cfg: EvalConfig,
+               cache: Cache) -> list[float]:
+    """Per-response mean k3 KL[model || base] of the entry's responses (cached)."""
+    from eval.kl import response_kl
+
+    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint)
+    hit = cache.get(key)
+    if hit is not None:
+        return hit["kl"]
+    if base.fingerprint == model.fingerprint:  # a model against itself: exactly 0, no forward pass
+        kl = [0.0] * len(entry["rows"])
+    else:
+        lm, tokenizer = model.get()
+        prompts = encode_prompts(tokenizer, [e.prompt for e in examples])  # rows are prompt-major
+        kl = response_kl(lm, base.get()[0], [prompts[i // cfg.samples] for i in range(len(entry["rows"]))],
+                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0)
+    cache.put(key, {"kl": kl})
+    return kl
+
+
+def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: EvalConfig,
+                    kl: list[float] | None) -> dict[str, Any]:
+    """The split's numbers: pass@1, pass@k, reward and KL mean/std, correct rate, tokens/s."""
+    per_prompt = [[r["correct"] for r in rows[i:i + cfg.samples]] for i in range(0, len(rows), cfg.samples)]
+    passk = pass_at_ks(per_prompt)
+    rewards = [r["reward"] for r in rows]
+    parts: dict[str, list[float]] = {}
+    for r in rows:
+        for name, value in (r["parts"] or {}).items():
+            parts.setdefault(name, []).append(value)
+    reward_mean, reward_std = mean_std(rewards)
+    kl_mean, kl_std = mean_std(kl) if kl is not None else (None, None)
+    return {"pass@1": passk.get(1, 0.0), "pass@k": {str(k): v for k, v in passk.items()},
+            "correct_rate": sum(r["correct"] for r in rows) / max(1, len(rows)),
+            "reward_mean": reward_mean, "reward_std": reward_std,
+            "parts_mean": {k: sum(v) / len(v) for k, v in parts.items()},
+            "kl_mean": kl_mean, "kl_std": kl_std, "n": len(per_prompt), "responses": len(rows),
+            "errors": sum(r["error"] is not None for r in rows), "tokens": entry["tokens"],
+            "seconds": entry["seconds"], "tokens_per_second": entry["tokens"] / max(entry["seconds"], 1e-9)}
+
+
+def run(cfg: EvalConfig) -> list[dict[str, Any]]:
+    """Run the evaluation ``cfg`` describes; returns one summary record per split."""
+    spec = _describe(cfg)
+    try:
+        env_id = llm_envs.registry.resolve_id(cfg.env)
+    except llm_envs.UnknownEnvError as exc:
+        raise ConfigError(f"--env: {exc}") from None
+    env_args = env_kwargs(cfg.env_args)
+    splits = _splits(cfg, env_id)
+    try:
+        env = llm_envs.make(env_id, **env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
+    except TypeError as exc:
+        raise ConfigError(f"--env-args: {exc}") from None
+    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
+    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
+    cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")
+    model = LazyModel(spec.path, cfg.device, cache)
+    base = None
+    if cfg.kl_to:
+        base_path = spec.base_model if cfg.kl_to == "base" else cfg.kl_to
+        base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache)
+    out_dir = Path(cfg.out) if cfg.out else _default_out(spec)
+    summaries = []
+    try:
+        for split in splits:
+            try:
+                examples = eval_examples(env, split, cfg.limit)
+            except KeyError as exc:
+                raise ConfigError(f"--split: {exc.args[0]}") from None
+            if not examples:
+                raise ConfigError(f"--split {split}: no examples")
+            print(f"{env_id}/{split}: {len(examples)} prompts x {cfg.samples} sample(s), {_decoding_text(cfg)}",
+                  file=sys.stderr, flush=True)
+            entry, key, cached = generate_and_score(model, scorer, env_id, env_args, examples, cfg, cache, split)
+            kl = measure_kl(model, base, examples, entry, key, cfg, cache) if base is not None else None
+            rows = [{k: v for k, v in r.items() if k != "token_ids"} | ({"kl": kl[i]} if kl else {})
+                    for i, r in enumerate(entry["rows"])]
+            summary = _header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
+            summary["cached"] = cached
+            _write(out_dir, cfg, spec, env_id, split, rows, summary)
+            print(_line(summary), flush=True)
+            summaries.append(summary)
+    finally:
+        scorer.close()
+        env.close()
+    if len(summaries) > 1:
+        from eval.table import render, split_table
+
+        for table in split_table(summaries):
+            print("\n" + render([table], "markdown"))
+    return summaries
+
+
+# ----- helpers --------------------------------------------------------------------------------------
+
+
+def _describe(cfg: EvalConfig) -> ModelSpec:
+    try:
+        spec = describe_model(cfg.model, cfg.label)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"--model: {exc}") from None
+    looks_local = cfg.model.startswith((".", "/", "~")) or cfg.model.count("/") > 1
+    if looks_local and not Path(cfg.model).expanduser().exists():
+        raise ConfigError(f"--model: no such model or run directory {cfg.model}")
+    if spec.run is None and cfg.kl_to == "base":
+        cfg.kl_to = spec.path  # a plain model's base is itself: KL 0, the Original row of Table 2
+    elif spec.run is None and cfg.kl_to:
+        spec.base_model = cfg.kl_to  # a plain fine-tuned model: its base is what KL is measured to
+    return spec
+
+
+def _splits(cfg: EvalConfig, env_id: str) -> list[str]:
+    if cfg.split:
+        splits = [s.strip() for s in cfg.split.split(",") if s.strip()]
+    else:
+        splits = list(llm_envs.registry.env_class(env_id).eval_splits)
+    if cfg.data and len(splits) != 1:
+        raise ConfigError("--data: give exactly one --split with a data file")
+    if cfg.data and not Path(cfg.data).exists():
+        raise ConfigError(f"--data: no such file {cfg.data}")
+    return splits
+
+
+def _default_out(spec: ModelSpec) -> Path:
+    if spec.run:
+        return Path(spec.run) / "eval"
+    return Path("runs") / "eval" / re.sub(r"[^\w.-]+", "_", model_name(spec.path))
+
+
+def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split: str, model: LazyModel,
+            base: LazyModel | None) -> dict[str, Any]:
+    return {"env": env_id, "env_args": env_args, "data": cfg.data, "split": split, "model": spec.path,
+            "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
+            "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
+            "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
+            "kl_to": base.path if base else None, "fingerprint": model.fingerprint,
+            "base_fingerprint": base.fingerprint if base else None,
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
+def _write(out_dir: Path, cfg: EvalConfig, spec: ModelSpec, env_id: str, split: str, rows, summary) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = f"ckpt{spec.iteration:06d}." if spec.iteration is not None else ""
+    stem = re.sub(r"[^\w.-]+", "_", f"{prefix}{env_id}.{split}.{cfg.tag}")
+    (out_dir / f"{stem}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (out_dir / f"{stem}{SUMMARY_SUFFIX}").write_text(json.dumps(summary, indent=1) + "\n")
+    summary["file"] = str(out_dir / f"{stem}{SUMMARY_SUFFIX}")
+
+
+def _decoding_text(cfg: EvalConfig) -> str:
+    text = "greedy" if cfg.temperature == 0 else f"temperature {cfg.temperature:g}, top_p {cfg.top_p:g}, seed {cfg.seed}"
+    return f"{text}, max_new_tokens {cfg.max_new_tokens}"
+
+
+def _line(s: dict[str, Any]) -> str:
+    text = (f"{s['env']}/{s['split']} [{s['method']}] pass@1 {s['pass@1']:.4f}  reward {s['reward_mean']:.4f} "
+            f"+- {s['reward_std']:.4f}  correct {s['correct_rate']:.3f}  (n={s['n']} x {s['samples']})")
+    if s["samples"] > 1:
+        text += f"  pass@{s['samples']} {s['pass@k'][str(s['samples'])]:.4f}"
+    if s["kl_mean"] is not None:
+        text += f"  KL {s['kl_mean']:.4f} +- {s['kl_std']:.4f}"
+    speed = f"{s['tokens']} tokens in {s['seconds']:.1f} s = {s['tokens_per_second']:.1f} tokens/s"
+    return f"{text}\n  {speed}{' (cached)' if s['cached'] else ''} -> {s['file']}"

@@ -1,0 +1,142 @@
+"""The RL run shared by GRPO and PPO: its options (``RLConfig``) and its loop (``train``).
+
+Each step samples a batch of responses (``trainers.sampling``), lets the algorithm turn it into
+a loss and optimizer steps (``grpo.py``, ``ppo.py``), and logs, evaluates and checkpoints like
+every trainer (the same run directory, held-out pass@1 and sample budget as ES).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+import llm_envs
+from trainers.budget import Budget
+from trainers.checkpoints import latest_checkpoint, restore_trainer, save_checkpoint
+from trainers.config import ConfigError, TrainConfig, check, env_kwargs, to_dict
+from trainers.models import save_model
+from trainers.policy import load_policy, load_reference, make_optimizer
+from trainers.rollout import batch_for, evaluate
+from trainers.run_dir import RunDir, summarize
+from trainers.sampling import sample, step_seed
+
+
+@dataclass
+class RLConfig(TrainConfig):
+    """Options every RL trainer has (names as in ``trainers.es`` where they mean the same)."""
+
+    steps: int = field(default=500, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=8, metadata={"help": "training prompts per sampled batch"})
+    group_size: int = field(default=1, metadata={"help": "sampled responses per prompt"})
+    lr: float = field(default=1e-6, metadata={"help": "AdamW learning rate"})
+    beta: float | None = field(default=None, metadata={"help": "KL penalty coefficient to the frozen base model (0: no reference model is loaded)"})
+    clip_eps: float = field(default=0.2, metadata={"help": "clip range of the importance ratio, [1-eps, 1+eps]"})
+    epochs: int = field(default=1, metadata={"help": "optimizer steps on each sampled batch (> 1 makes the clipped ratio bite)"})
+    grad_accum: int = field(default=1, metadata={"help": "split each step's responses into K micro-batches (gradient accumulation)"})
+    gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in the backward pass (less memory)"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    temperature: float = field(default=1.0, metadata={"help": "sampling temperature of training responses"})
+
+    def validate(self) -> None:
+        super().validate()
+        check(self.steps >= 0, "steps", "must be >= 0")
+        check(self.batch_size >= 1, "batch_size", "must be >= 1")
+        check(self.group_size >= 1, "group_size", "must be >= 1")
+        check(self.lr > 0 and math.isfinite(self.lr), "lr", "must be a positive number")
+        check(self.beta is None or (self.beta >= 0 and math.isfinite(self.beta)), "beta", "must be >= 0")
+        check(0 < self.clip_eps < 1, "clip_eps", "must be in (0, 1)")
+        check(self.epochs >= 1, "epochs", "must be >= 1")
+        check(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        check(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
+        check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
+        check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", "must be > 0 (RL samples)")
+
+
+def train(cfg: RLConfig, algorithm) -> Path:
+    """The RL run, for any ``algorithm`` (GRPO, PPO): sample a batch, ``algorithm.prepare`` it (no
+    gradients: reference log-probs, advantages, ...), ``algorithm.update`` it ``epochs`` times (one
+    optimizer step each); log, evaluate, checkpoint; save the final model."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
+    run = RunDir(cfg.out, resume=cfg.resume is not None)
+    run.write_config(to_dict(cfg))
+    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
+    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
+    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
+    train_examples = env.examples("train")
+    say = tqdm.write
+
+    # Resume: the newest complete checkpoint (weights, optimizer, RNG, step, budget).
+    ckpt = latest_checkpoint(run) if cfg.resume else None
+    done, state = ckpt if ckpt else (0, {})
+    model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, cfg.device,
+                                   cfg.gradient_checkpointing)
+    ref = load_reference(cfg.model, cfg.device) if cfg.beta else None
+    algo = algorithm(cfg, model, tokenizer, ref)
+    optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
+    budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
+    if cfg.resume:
+        if ckpt:
+            restore_trainer(run, done, optimizer, algo.modules)
+        run.truncate_log(done if ckpt else -1)
+        say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
+
+    n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {min(cfg.batch_size, len(train_examples))} "
+        f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}")
+
+    evaluated = set()
+
+    def held_out(step: int) -> None:
+        evaluated.add(step)
+        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
+                          cfg.eval_limit)
+        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}, step)
+        say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
+
+    if done == 0:
+        held_out(0)
+    step, buffer, used = done, None, cfg.epochs
+    bar = tqdm(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, dynamic_ncols=True)
+    for step in bar:
+        start = time.perf_counter()
+        if used == cfg.epochs:  # a fresh batch of responses
+            prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
+            if not budget.allows(len(prompts) * cfg.group_size):
+                say(f"--max-samples {cfg.max_samples} reached after {budget.samples} responses: stopping at step {step - 1}")
+                step -= 1
+                break
+            samples = sample(model, tokenizer, scorer, prompts, cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
+                             cfg.temperature, step_seed(cfg.seed, step))
+            budget.add(len(samples), samples.num_tokens)
+            buffer, used = algo.prepare(samples), 0
+        stats = algo.update(buffer, optimizer)
+        used += 1
+        r = samples.rewards
+        record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
+                  "reward_min": float(r.min()), "reward_max": float(r.max()),
+                  "accuracy": float(samples.correct.float().mean()),
+                  "response_length": samples.num_tokens / len(samples), **stats,
+                  "seconds": time.perf_counter() - start, "samples": budget.samples, "tokens": budget.tokens}
+        run.log(record, step)
+        if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
+            held_out(step)
+        if step % cfg.checkpoint_every == 0:
+            save_checkpoint(run, model, tokenizer, step, {"iteration": step, "samples": budget.samples,
+                                                          "tokens": budget.tokens}, optimizer, algo.modules)
+        bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
+    bar.close()
+    if step > done and step not in evaluated:
+        held_out(step)
+    save_model(model, tokenizer, run.path / "final")
+    summarize(run)
+    run.close()
+    scorer.close()
+    env.close()
+    return run.path

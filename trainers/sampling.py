@@ -1,0 +1,53 @@
+"""The RL trainers' training batch: ``group_size`` sampled responses per prompt, scored, with the
+exact token ids the model conditioned on and produced (what the losses are computed on)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from llm_envs import BatchScorer, Example
+from trainers.generation import encode_prompts
+from trainers.models import compute_context
+from trainers.rollout import rollout
+
+
+@dataclass
+class Samples:
+    """``len(examples) * group_size`` responses, prompt-major: the responses to prompt ``i`` are rows
+    ``i * G : (i + 1) * G``. Token ids are exactly what the model conditioned on and produced (a
+    completion ends with its stop token when it stopped)."""
+
+    examples: list[Example]  # one per response
+    prompt_ids: list[list[int]]
+    completion_ids: list[list[int]]
+    texts: list[str]
+    rewards: torch.Tensor  # [B] float32
+    correct: torch.Tensor  # [B] bool
+    group_size: int
+
+    def __len__(self) -> int:
+        return len(self.completion_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_ids)
+
+
+def sample(model, tokenizer, scorer: BatchScorer, examples: Sequence[Example], group_size: int, max_new_tokens: int,
+           batch_size: int = 32, temperature: float = 1.0, seed: int | None = None) -> Samples:
+    """Sample ``group_size`` completions per example and score them (the shared ``rollout``)."""
+    with compute_context(model):
+        r = rollout(model, tokenizer, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size)
+    prompt_ids = [ids for ids in encode_prompts(tokenizer, [e.prompt for e in examples]) for _ in range(group_size)]
+    return Samples(r.examples, prompt_ids, r.generation.token_ids, r.texts,
+                   torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
+                   torch.tensor([bool(s.correct) for s in r.scores]), group_size)
+
+
+def step_seed(seed: int, step: int) -> int:
+    """The sampling seed of one step (independent of every other step's, reproducible on resume)."""
+    return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
