@@ -308,6 +308,7 @@ def train(cfg: ESConfig) -> Path:
     source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
     with dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
+    dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
     check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
     params, layers = perturbable(model, cfg)
     if ckpts:
@@ -321,17 +322,17 @@ def train(cfg: ESConfig) -> Path:
     total_tokens = updates[-1].get("tokens", 0) if updates else 0
 
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
+    mode += f", {dist.world} processes" if dist.world > 1 else ""
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({mode}), N={cfg.population}, sigma={cfg.sigma}, "
         f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
 
-    def held_out(iteration: int) -> dict[str, float]:
-        if not dist.is_main:
-            return {}
+    def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
         scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
-                          cfg.eval_limit)
+                          cfg.eval_limit, dist.rank, dist.world, dist.sum)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}
         run.log(record, iteration)
         say(f"[iter {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
+        dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
         return record
 
     per_step = cfg.population * per_iteration  # responses one iteration generates
@@ -379,6 +380,8 @@ def train(cfg: ESConfig) -> Path:
                 os.fsync(f.fileno())
             if it % cfg.checkpoint_every == 0:
                 run.save_checkpoint(model, tokenizer, it, {"iteration": it}, tensors=masters_of(params))
+        if it % cfg.checkpoint_every == 0:
+            dist.wait_for_main()  # the others wait for the save here, not inside the next all-reduce
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
     bar.close()
     if last > done:
@@ -389,7 +392,7 @@ def train(cfg: ESConfig) -> Path:
     run.close()
     scorer.close()
     env.close()
-    dist.barrier()
+    dist.wait_for_main()
     return run.path
 
 

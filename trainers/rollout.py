@@ -10,7 +10,7 @@ same model, split and ``max_new_tokens``.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -86,10 +86,19 @@ def eval_examples(env: TaskEnv, split: str = "test", limit: int | None = None) -
 
 
 def evaluate(model, tokenizer, scorer: BatchScorer, split: str = "test", max_new_tokens: int | None = None,
-             batch_size: int = 32, limit: int | None = None) -> dict[str, float]:
-    """Greedy pass@1 and mean reward on ``split`` (the paper's protocol)."""
+             batch_size: int = 32, limit: int | None = None, rank: int = 0, world: int = 1,
+             all_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, float]:
+    """Greedy pass@1 and mean reward on ``split`` (the paper's protocol).
+
+    With ``world`` processes, each evaluates every ``world``-th example from ``rank`` and
+    ``all_sum`` (a sum across processes) combines the counts, so all get the same numbers."""
     env = scorer.env
     examples = eval_examples(env, split, limit)
-    r = rollout(model, tokenizer, scorer, examples, max_new_tokens or env.max_new_tokens, batch_size)
-    return {"pass@1": r.accuracy, "reward": r.mean_reward, "n": len(examples),
-            "tokens": sum(r.num_tokens), "seconds": r.seconds}
+    r = rollout(model, tokenizer, scorer, examples[rank::world], max_new_tokens or env.max_new_tokens, batch_size)
+    sums = np.array([sum(bool(s.correct) for s in r.scores), sum(s.reward for s in r.scores), len(r.scores),
+                     sum(r.num_tokens)], dtype=np.float64)
+    if all_sum is not None:
+        sums = all_sum(sums)
+    n = max(1.0, sums[2])
+    return {"pass@1": sums[0] / n, "reward": sums[1] / n, "n": len(examples), "tokens": int(sums[3]),
+            "seconds": r.seconds}
