@@ -77,7 +77,7 @@ def child(args) -> dict:
     import torch
 
     import llm_envs
-    from trainers import es, noise, policy, sampling
+    from trainers import es, policy, sampling
     from trainers.models import load_model
     from trainers.grpo import GRPO, GRPOConfig
     from trainers.ppo import PPO, PPOConfig
@@ -103,7 +103,7 @@ def child(args) -> dict:
                           score_workers=0, device=args.device)
         cfg.validate()
         model, tokenizer = load_model(args.model, device=args.device)
-        params = es.select_params(model, None)
+        params, layers = es.perturbable(model, cfg)
     else:
         Config, Algo = (GRPOConfig, GRPO) if args.child == "grpo" else (PPOConfig, PPO)
         cfg = Config(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
@@ -126,10 +126,10 @@ def child(args) -> dict:
         peak.reset()
     start = time.perf_counter()
     if args.child == "es":
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, scorer, params, prompts)
+        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, scorer, params, layers, prompts)
         z = es.normalise(rewards)
         if z is not None:
-            noise.apply_update(params, *es.update_coefficients(seeds, signs, z, cfg.alpha))
+            es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         responses, reward = cfg.population * len(prompts), float(rewards.mean())
     else:
         samples = sampling.sample(model, tokenizer, scorer, prompts, cfg.group_size, cfg.max_new_tokens,

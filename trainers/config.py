@@ -152,8 +152,8 @@ class TrainConfig:
     eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
     eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
     checkpoint_every: int = field(default=50, metadata={"help": "save a checkpoint every K iterations"})
-    max_samples: int | None = field(default=None, metadata={"help": "sample budget: stop at this many generated training responses "
-                                                                   "(ES: after the iteration that reaches it; RL: before a step would pass it)"})
+    max_samples: int | None = field(default=None, metadata={"help": "sample budget: generated training responses a run never exceeds "
+                                                                   "(an iteration or step starts only if it fits)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
@@ -164,7 +164,7 @@ class TrainConfig:
         except llm_envs.UnknownEnvError as exc:
             raise ConfigError(f"--env: {exc}") from None
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
-        check(self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
+        check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing

@@ -6,8 +6,13 @@ generate greedy completions for the training batch, score them (mean reward R_n)
 weights exactly; z-score the rewards; then theta += alpha / N * sum_n Z_n * eps(seed_n), tensor
 by tensor (1/sigma is folded into alpha, as in the paper).
 
+``--noise lowrank`` (EGGROLL) replaces eps_n by E_n = A_n B_n^T / sqrt(R) on every linear layer:
+the weights are never touched during evaluation, and all N members generate in ONE batched call,
+each on its own rows (``trainers/lowrank.py``). Same z-scores, same alpha and sigma.
+
     python -m trainers.es --env Sudoku-v0
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
+    python -m trainers.es --env Countdown-v0 --noise lowrank --rank 1 --population 64
     python -m trainers.es --resume runs/es-Sudoku-v0-...      # continue a killed run
     accelerate launch --num_processes 2 -m trainers.es ...    # seeds split across processes
 """
@@ -28,11 +33,12 @@ import torch
 from tqdm import tqdm
 
 import llm_envs
-from trainers import distributed, noise
+from trainers import distributed, lowrank, noise
 from trainers.config import ConfigError, TrainConfig, check, env_kwargs, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
+from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
-from trainers.run_dir import RunDir, read_jsonl, summarize
+from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -52,10 +58,23 @@ class ESConfig(TrainConfig):
     sigma: float | None = field(default=None, metadata={"help": "noise scale (paper's per env)"})
     alpha: float | None = field(default=None, metadata={"help": "learning rate, 1/sigma folded in (paper's per env)"})
     batch_size: int | None = field(default=None, metadata={"help": "training prompts per iteration (default: whole train split)"})
+    gen_batch_size: int | None = field(default=None, metadata={"help": "sequences per generate() call (default: 32 for "
+                                                                       "full-rank members and held-out evaluation; "
+                                                                       "low-rank: the whole population, split only "
+                                                                       "when memory requires)"})
     mirrored: bool = field(default=False, metadata={"help": "antithetic pairs (+eps, -eps) (not in the paper)"})
-    rank_shaping: bool = field(default=False, metadata={"help": "centered-rank rewards instead of z-scores (not in the paper)"})
+    rank_shaping: bool = field(default=False, metadata={"help": "centered ranks in [-0.5, 0.5] instead of z-scores, ties "
+                                                                "averaged (not in the paper; ~0.3x the z-scores' scale, "
+                                                                "so alpha takes ~3.4x smaller steps)"})
     param_filter: str | None = field(default=None, metadata={"help": "regex: perturb/update only matching parameter names"})
     shared_noise: bool = field(default=False, metadata={"help": "the paper's code's noise: same seed for every tensor"})
+    noise: str = field(default="full", metadata={"help": "full: the paper's Gaussian noise on every weight, members "
+                                                         "evaluated one by one; lowrank: EGGROLL's A B^T/sqrt(R) on "
+                                                         "linear layers, the whole population in one batched generation",
+                                                 "choices": ["full", "lowrank"]})
+    rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
+    fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
+                                                              "updates (+4 bytes/parameter), so none is rounded away"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
                                                                "fp32 keeps updates smaller than bf16's step)"})
 
@@ -71,6 +90,8 @@ class ESConfig(TrainConfig):
         check(self.sigma > 0 and np.isfinite(self.sigma), "sigma", "must be a positive number")
         check(self.alpha > 0 and np.isfinite(self.alpha), "alpha", "must be a positive number")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
+        check(self.rank >= 1, "rank", "must be >= 1")
+        check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
         if self.param_filter is not None:
             try:
                 re.compile(self.param_filter)
@@ -90,14 +111,29 @@ def population(cfg: ESConfig, iteration: int) -> tuple[list[int], list[float]]:
 
 
 def normalise(rewards: np.ndarray, rank_shaping: bool = False) -> np.ndarray | None:
-    """Z-scores of ``rewards`` (or centered ranks in [-0.5, 0.5]); ``None`` when all are equal."""
+    """Z-scores of ``rewards``, or with ``rank_shaping`` centered ranks in [-0.5, 0.5] (Salimans et
+    al.), tied rewards sharing their average rank; ``None`` when all rewards are equal.
+
+    Scale: z-scores have std 1; centered ranks of N distinct rewards have std
+    sqrt((N + 1) / (12 (N - 1))), ~0.30 at N=30. The same alpha therefore takes ~3.4x smaller
+    steps with --rank-shaping."""
     if rewards.std() < 1e-12:
         return None
     if rank_shaping:
-        ranks = np.empty(len(rewards))
-        ranks[np.argsort(rewards, kind="stable")] = np.arange(len(rewards))
-        return ranks / (len(rewards) - 1) - 0.5
+        return centered_ranks(rewards)
     return (rewards - rewards.mean()) / rewards.std()
+
+
+def centered_ranks(rewards: np.ndarray) -> np.ndarray:
+    """Ranks 0..N-1 mapped to [-0.5, 0.5]; equal rewards get the mean of the ranks they span, so
+    ties (a mirrored pair scoring the same, say) contribute nothing to the update."""
+    order = np.argsort(rewards, kind="stable")
+    ranks = np.empty(len(rewards))
+    ranks[order] = np.arange(len(rewards))
+    for value in np.unique(rewards):
+        tied = rewards == value
+        ranks[tied] = ranks[tied].mean()
+    return ranks / (len(rewards) - 1) - 0.5
 
 
 def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alpha: float) -> tuple[list[int], list[float]]:
@@ -108,18 +144,76 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
     return list(merged), list(merged.values())
 
 
-def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, scorer, params, batch, rank: int = 0, world: int = 1):
-    """Evaluate this process's share of the population; returns per-member arrays (zeros elsewhere)."""
+def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, scorer, params: noise.Params,
+                 layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1):
+    """Evaluate this process's share of the population (members rank, rank + world, ...);
+    returns seeds, signs and per-member arrays of mean reward, accuracy and tokens (zeros for
+    other processes' members)."""
     seeds, signs = population(cfg, iteration)
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
-    for n in range(rank, cfg.population, world):
+    mine = list(range(rank, cfg.population, world))
+    if cfg.noise == "lowrank":
+        evaluate_batched(cfg, model, tokenizer, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
+                         rewards, accuracy, tokens)
+        return seeds, signs, rewards, accuracy, tokens
+    for n in mine:  # the paper's loop: perturb in place, generate, restore
         patches = noise.perturb(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
         try:
-            r = rollout(model, tokenizer, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size)
+            r = rollout(model, tokenizer, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32)
         finally:
             noise.restore(params, seeds[n], cfg.sigma, patches, signs[n], cfg.shared_noise)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
     return seeds, signs, rewards, accuracy, tokens
+
+
+def evaluate_batched(cfg: ESConfig, model, tokenizer, scorer, layers, batch, members, rewards, accuracy, tokens) -> None:
+    """Low-rank mode: every (member, prompt) pair is one row of one ``generate`` call, rows
+    member-major; more calls only when the rows do not fit in memory (``--gen-batch-size`` caps
+    them). Fills the per-member arrays in place."""
+    P = len(batch)
+    if cfg.gen_batch_size:
+        per_call = max(1, cfg.gen_batch_size // P)
+    else:
+        longest = max(len(ids) for ids in encode_prompts(tokenizer, [e.prompt for e in batch]))
+        per_call = max(1, rows_that_fit(model, longest + cfg.max_new_tokens) // P)
+    start = 0
+    while start < len(members):
+        chunk = members[start:start + per_call]
+        pop = lowrank.Population(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
+        try:
+            with pop.applied():
+                r = rollout(model, tokenizer, scorer, [e for _ in chunk for e in batch], cfg.max_new_tokens,
+                            len(chunk) * P, sort=False)
+        except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
+            if per_call == 1:
+                raise
+            per_call = max(1, per_call // 2)
+            del pop
+            torch.cuda.empty_cache()
+            continue
+        for k, (n, _, _) in enumerate(chunk):
+            rows = slice(k * P, (k + 1) * P)
+            rewards[n] = np.mean([s.reward for s in r.scores[rows]])
+            accuracy[n] = np.mean([bool(s.correct) for s in r.scores[rows]])
+            tokens[n] = sum(r.num_tokens[rows])
+        start += len(chunk)
+
+
+def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer] | None]:
+    """What ES perturbs and updates: every parameter (full) or the linear layers' weights
+    (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
+    if cfg.noise == "lowrank":
+        layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
+        return noise.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
+    return noise.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
+
+
+def update_weights(cfg: ESConfig, params: noise.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
+    """theta += sum_n coefficients[n] * (eps_n or E_n): the update of either noise mode."""
+    if cfg.noise == "lowrank":
+        lowrank.apply_lowrank_update(params, layers, seeds, coefficients, cfg.rank)
+    else:
+        noise.apply_update(params, seeds, coefficients, cfg.shared_noise)
 
 
 def select_params(model, pattern: str | None) -> list[tuple[str, torch.Tensor]]:
@@ -140,11 +234,52 @@ def release_freed_buffers() -> None:
         pass
 
 
-def replay(params, updates: list[dict[str, Any]], shared: bool) -> None:
+NOISE_DEVICE_FILE = "noise_device.json"
+
+
+def check_noise_device(run_dir: Path, device: torch.device, write: bool = False) -> None:
+    """CPU and CUDA random generators give different noise for the same seed, so a run's seeds
+    rebuild its weights only on the kind of device that generated them: record it on the first
+    start; refuse to resume or replay a run on the other kind."""
+    path = Path(run_dir) / NOISE_DEVICE_FILE
+    if path.is_file():
+        used = json.loads(path.read_text())["device"]
+        if used != device.type:
+            raise ConfigError(f"{run_dir}: this run generated its noise on {used}, and CPU and CUDA random generators "
+                              f"differ, so its seeds rebuild its weights only on {used} (this process uses "
+                              f"{device.type}); pass --device {used} on a machine that has it")
+    elif write:
+        path.write_text(json.dumps({"device": device.type}) + "\n")
+
+
+def masters_of(params: noise.Params) -> dict[str, torch.Tensor]:
+    """The fp32 master weights to checkpoint (none for fp32 models): the model's bf16 weights
+    alone would lose the sub-step part of the updates on resume."""
+    return {name: m for name, m in zip(params.names, params.masters) if m is not None}
+
+
+def load_masters(params: noise.Params, checkpoint: Path) -> None:
+    """Restore the fp32 masters saved with a checkpoint (and the model's weights from them)."""
+    if not any(m is not None for m in params.masters):
+        return
+    path = checkpoint / TENSORS_FILE
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {checkpoint} has no fp32 master weights ({TENSORS_FILE}); it cannot be resumed "
+                          f"exactly with --fp32-master")
+    from safetensors.torch import load_file
+
+    saved = load_file(str(path))
+    for i, (name, master) in enumerate(zip(params.names, params.masters)):
+        if master is not None:
+            master.copy_(saved[name])
+            params.tensors[i].data.copy_(master)
+
+
+def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
         if not u["skipped"]:
-            noise.apply_update(params, u["seeds"], u["coefficients"], shared)
+            update_weights(cfg, params, layers, u["seeds"], u["coefficients"])
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -160,6 +295,9 @@ def train(cfg: ESConfig) -> Path:
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
+    if cfg.max_samples is not None and cfg.max_samples < cfg.population * per_iteration:
+        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
+                          f"{per_iteration} prompts = {cfg.population * per_iteration} responses")
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
 
     # Resume: newest weight checkpoint, then replay the updates logged after it.
@@ -170,8 +308,11 @@ def train(cfg: ESConfig) -> Path:
     source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
     with dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
-    params = select_params(model, cfg.param_filter)
-    replay(params, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)], cfg.shared_noise)
+    check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
+    params, layers = perturbable(model, cfg)
+    if ckpts:
+        load_masters(params, run.checkpoint_dir(ckpts[-1]))
+    replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
@@ -179,29 +320,38 @@ def train(cfg: ESConfig) -> Path:
     samples = updates[-1]["samples"] if updates else 0
     total_tokens = updates[-1].get("tokens", 0) if updates else 0
 
-    n_params = sum(p.numel() for _, p in params)
-    say(f"ES on {cfg.env}: {n_params / 1e6:.1f}M parameters perturbed, N={cfg.population}, sigma={cfg.sigma}, "
+    mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
+    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({mode}), N={cfg.population}, sigma={cfg.sigma}, "
         f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
 
     def held_out(iteration: int) -> dict[str, float]:
         if not dist.is_main:
             return {}
-        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
+        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}
         run.log(record, iteration)
         say(f"[iter {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
         return record
 
+    per_step = cfg.population * per_iteration  # responses one iteration generates
+
+    def fits() -> bool:  # a run never exceeds --max-samples: an iteration starts only if it fits whole
+        return cfg.max_samples is None or samples + per_step <= cfg.max_samples
+
     if done == 0:
         held_out(0)
-    trained, last = cfg.iterations > done, done
+    last = done
     bar = tqdm(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, disable=not dist.is_main,
                desc="ES", dynamic_ncols=True)
     for it in bar:
+        if not fits():
+            say(f"sample budget reached: {samples} responses, and one more iteration ({per_step}) would exceed "
+                f"--max-samples {cfg.max_samples}")
+            break
         start = time.perf_counter()
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
-        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, scorer, params, batch,
+        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, scorer, params, layers, batch,
                                                                dist.rank, dist.world)
         rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)
         z = normalise(rewards, cfg.rank_shaping)
@@ -210,8 +360,8 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = [], []
         else:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
-            noise.apply_update(params, upd_seeds, coefs, cfg.shared_noise)
-        samples += cfg.population * len(batch)
+            update_weights(cfg, params, layers, upd_seeds, coefs)
+        samples += per_step
         total_tokens += int(tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
@@ -219,8 +369,7 @@ def train(cfg: ESConfig) -> Path:
                   "tokens": total_tokens, "tokens_iteration": int(tokens.sum()), "samples": samples}
         run.log(record, it)
         last = it
-        out_of_budget = cfg.max_samples is not None and samples >= cfg.max_samples
-        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and not out_of_budget:
+        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and fits():
             held_out(it)
         if dist.is_main:  # the update record is what resume replays: written once the iteration is whole
             with open(updates_path, "a") as f:
@@ -229,12 +378,10 @@ def train(cfg: ESConfig) -> Path:
                 f.flush()
                 os.fsync(f.fileno())
             if it % cfg.checkpoint_every == 0:
-                run.save_checkpoint(model, tokenizer, it, {"iteration": it})
+                run.save_checkpoint(model, tokenizer, it, {"iteration": it}, tensors=masters_of(params))
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
-        if out_of_budget:
-            say(f"sample budget reached: {samples} responses >= --max-samples {cfg.max_samples}")
-            break
-    if trained:
+    bar.close()
+    if last > done:
         held_out(last)
     if dist.is_main:
         save_model(model, tokenizer, run.path / "final")

@@ -114,6 +114,8 @@ def generate(
     num_return_sequences: int = 1,
     progress: bool = False,
     stop_ids: Sequence[int] | None = None,
+    sort: bool = True,
+    min_new_tokens: int = 0,
 ) -> GenerationResult:
     """Complete each chat prompt; greedy when ``temperature == 0``.
 
@@ -155,11 +157,12 @@ def generate(
     # Every (prompt, sample) is one sequence; longest first (similar lengths share a batch, so
     # little padding, and a too-large batch fails at once rather than at the end).
     seqs = [i for i in range(len(prompts)) for _ in range(n)]
-    order = sorted(range(len(seqs)), key=lambda j: -len(prompt_ids[seqs[j]]))
+    order = sorted(range(len(seqs)), key=lambda j: -len(prompt_ids[seqs[j]])) if sort else list(range(len(seqs)))
     results: list[tuple[list[int], bool] | None] = [None] * len(seqs)
 
     config = _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id,
-                                getattr(getattr(model, "generation_config", None), "bos_token_id", None))
+                                getattr(getattr(model, "generation_config", None), "bos_token_id", None),
+                                min(min_new_tokens, max_new_tokens))
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     bar = _progress(len(seqs), progress)
     timings = []
@@ -217,12 +220,13 @@ def _cut(ids: list[int], stops: Sequence[int]) -> tuple[list[int], bool]:
     return ids, False
 
 
-def _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id, bos_id):
+def _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id, bos_id, min_new_tokens=0):
     from transformers import GenerationConfig
 
     sample = temperature > 0
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
+        min_new_tokens=min_new_tokens or None,
         do_sample=sample,
         temperature=float(temperature) if sample else 1.0,
         top_p=float(top_p) if sample else 1.0,
@@ -265,3 +269,37 @@ def _progress(total: int, enabled: bool):
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc="generate", unit="seq")
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes this process can still allocate on ``device`` (CUDA: free device memory; CPU: the
+    kernel's MemAvailable, or 4 GiB where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 4 << 30
+
+
+def rows_that_fit(model, tokens_per_row: int, budget: float = 0.5) -> int:
+    """How many sequences of ``tokens_per_row`` (prompt + completion) one ``generate`` call can hold
+    in ``budget`` x the free memory: an estimate from the model config of each row's KV cache and
+    its largest transient activations (prefill MLP, attention scores, fp32 logits), doubled for
+    safety. At least 1."""
+    cfg = getattr(model, "config", None)
+    get = lambda name, default: getattr(cfg, name, None) or default  # noqa: E731
+    hidden = get("hidden_size", 1024)
+    heads = get("num_attention_heads", 16)
+    head_dim = get("head_dim", hidden // heads)
+    kv_heads = get("num_key_value_heads", heads)
+    elem = next(model.parameters()).element_size()
+    kv = 2 * get("num_hidden_layers", 24) * kv_heads * head_dim * tokens_per_row * elem
+    transient = (tokens_per_row * (4 * hidden + 3 * get("intermediate_size", 4 * hidden)) * elem
+                 + heads * tokens_per_row ** 2 * 4 + 4 * get("vocab_size", 50_000))
+    per_row = 2 * (kv + transient)
+    return max(1, int(budget * free_memory(_input_device(model)) // per_row))

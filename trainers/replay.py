@@ -3,17 +3,18 @@
     python -m trainers.replay runs/es-Countdown-v0-... --out rebuilt/ [--iteration 200]
 
 The update log (``updates.jsonl``, a few KB) is the whole training result: this needs no
-weight checkpoint. Noise is generated on the device the run used; replay on the same kind of
-device (CPU or CUDA) to get the same weights.
+weight checkpoint. CPU and CUDA random generators differ, so noise is regenerated on the kind of
+device the run used (recorded in ``noise_device.json``); another kind is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 
-from trainers.config import fail, load_yaml
-from trainers.es import replay, select_params
+from trainers.config import ConfigError, build_config, fail, load_yaml
+from trainers.es import NOISE_DEVICE_FILE, ESConfig, check_noise_device, perturbable, replay
 from trainers.models import load_model, save_model
 from trainers.run_dir import read_jsonl
 
@@ -21,10 +22,16 @@ from trainers.run_dir import read_jsonl
 def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | None = None):
     """(model, tokenizer) of ``run_dir`` after ``iteration`` (default: the last logged one)."""
     run_dir = Path(run_dir)
-    cfg = load_yaml(run_dir / "config.yaml")
+    cfg = build_config(ESConfig, load_yaml(run_dir / "config.yaml"))
     updates = [u for u in read_jsonl(run_dir / "updates.jsonl") if iteration is None or u["iteration"] <= iteration]
-    model, tokenizer = load_model(cfg["model"], device=device or cfg.get("device"), dtype=cfg.get("dtype"))
-    replay(select_params(model, cfg.get("param_filter")), updates, bool(cfg.get("shared_noise")))
+    if device is None and (run_dir / NOISE_DEVICE_FILE).is_file():
+        device = json.loads((run_dir / NOISE_DEVICE_FILE).read_text())["device"]
+    try:
+        model, tokenizer = load_model(cfg.model, device=device or cfg.device, dtype=cfg.dtype)
+    except ValueError as exc:  # e.g. a CUDA run replayed where there is no CUDA
+        raise ConfigError(f"{run_dir}: {exc}") from None
+    check_noise_device(run_dir, next(model.parameters()).device)
+    replay(cfg, *perturbable(model, cfg), updates)
     return model, tokenizer, (updates[-1]["iteration"] if updates else 0)
 
 
@@ -37,7 +44,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not (Path(args.run_dir) / "config.yaml").exists():
         fail(f"{args.run_dir}: not an ES run directory (config.yaml missing)")
-    model, tokenizer, last = rebuild(args.run_dir, args.iteration, args.device)
+    try:
+        model, tokenizer, last = rebuild(args.run_dir, args.iteration, args.device)
+    except ConfigError as exc:
+        fail(str(exc))
     save_model(model, tokenizer, args.out)
     print(f"rebuilt {args.run_dir} after iteration {last} -> {args.out}")
 

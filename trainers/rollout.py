@@ -66,13 +66,15 @@ def rollout(
     samples: int = 1,
     top_p: float = 1.0,
     progress: bool = False,
+    sort: bool = True,
 ) -> Rollout:
     """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``),
-    scored by ``scorer`` (completions only, never the prompt)."""
+    scored by ``scorer`` (completions only, never the prompt). ``sort=False`` generates in the
+    given order (see ``generate``)."""
     start = time.perf_counter()
     out = generate(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
                    batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
-                   num_return_sequences=samples, progress=progress)
+                   num_return_sequences=samples, progress=progress, sort=sort)
     per_completion = [e for e in examples for _ in range(samples)]
     scores = scorer.score_batch(out.texts, per_completion)
     return Rollout(per_completion, out, scores, time.perf_counter() - start)

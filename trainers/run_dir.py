@@ -24,6 +24,9 @@ import yaml
 from tqdm import tqdm
 
 
+TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
+
+
 class RunDirError(ValueError):
     pass
 
@@ -77,8 +80,10 @@ class RunDir:
     def checkpoint_dir(self, iteration: int) -> Path:
         return self.path / "checkpoints" / f"{iteration:06d}"
 
-    def save_checkpoint(self, model, tokenizer, iteration: int, state: dict[str, Any], keep: int = 2) -> None:
-        """Weights and trainer state after ``iteration``; keeps the newest ``keep`` checkpoints."""
+    def save_checkpoint(self, model, tokenizer, iteration: int, state: dict[str, Any], keep: int = 2,
+                        tensors: dict[str, Any] | None = None) -> None:
+        """Weights and trainer state after ``iteration`` (plus ``tensors``, name -> tensor, in
+        ``tensors.safetensors``); keeps the newest ``keep`` checkpoints."""
         if not self.is_main:
             return
         from trainers.models import save_model
@@ -87,6 +92,10 @@ class RunDir:
         tmp = final.with_name(final.name + ".tmp")
         shutil.rmtree(tmp, ignore_errors=True)
         save_model(model, tokenizer, tmp)
+        if tensors:
+            from safetensors.torch import save_file
+
+            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSORS_FILE))
         _atomic_write(tmp / "trainer_state.json", json.dumps(state))
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)

@@ -1,24 +1,42 @@
 """4x4 Mini Sudoku (paper appendix "Experiment with Mini Sudoku Task").
 
 Puzzles come from reasoning-gym's ``mini_sudoku`` generator, as in the paper: 1000 unique puzzles,
-800 train / 200 test. The model shows its work in ``<think>`` and gives the filled grid in the
-LAST ``<answer>`` block, one row per line, numbers separated by spaces.
+800 train / 200 test, each with exactly one solution (the generator keeps a clue rather than allow
+a second). The model shows its work in ``<think>`` and gives the filled grid in the LAST
+``<answer>`` block, one row per line, numbers separated by spaces.
 
-Our own verifier decides correctness (reasoning-gym's scorer compares against the one stored
-solution and pays partial credit): a grid is correct iff it keeps every given of the puzzle and
-every row, column and 2x2 box holds 1-4 exactly once, so any valid completion counts, even for a
-user's puzzle with several solutions.
+Reward, chosen with ``reward=``:
 
-Reward: 1.0 correct, else 0.0. ``parts`` carry diagnostics that never enter the reward:
-``answer`` (= reward), ``format`` (1 when the last answer block parsed as a 4x4 grid of digits),
-``givens`` (1 when that grid keeps all givens) and ``units`` (fraction of the 12 rows, columns
-and boxes that hold 1-4 exactly once).
+- ``"partial"`` (default), the paper's: it trained with reasoning-gym's ``mini_sudoku`` score,
+  which pays partial credit for correct cells. The score of the last answer block (stripped, as
+  reasoning-gym's ``extract_answer`` gives it) is ``cells * layout * length``:
+  ``cells`` = fraction of the 16 cells equal to the solution's, reading the block's first four
+  lines that hold exactly four digits 1-9 (any other character ignored, other lines skipped);
+  ``layout`` = 1.0 when the block is the grid exactly as the prompt lays it out (trailing spaces
+  aside), else 0.9; ``length`` = 31 / len(block) when the block is longer than that grid's 31
+  characters, else 1.0. So a solution in the prompt's layout earns 1.0, in another layout 0.9
+  (less if longer), and no answer block 0. ``partial_credit`` computes it (tests check it equals
+  reasoning-gym's own ``score_answer``). reasoning-gym compares with the stored solution; a
+  user's puzzle with several solutions is scored against the model's grid when that grid is a
+  valid solution, so every valid solution earns what the stored one would (for the built-in
+  puzzles, with one solution each, this is reasoning-gym's score unchanged).
+- ``"binary"``: 1.0 when ``correct``, else 0.0.
 
-Answer parsing (lenient on layout, strict on content): inside the last answer block, blank lines
-and ruler lines made only of ``- + = | ` `` and spaces are skipped; every other line is one row,
-and must be exactly four digits once spaces, tabs, commas, ``|`` and square brackets are removed
-(so ``2 1 4 3``, ``2,1,4,3``, ``[2, 1, 4, 3]`` and ``2143`` all read as the same row). Exactly four
-rows are required; any other text inside the block (``Row 1: ...``, ``_``) fails the format.
+``correct`` (pass@1), whatever the reward, is our own strict check: the last answer block parses
+as a 4x4 grid (see below) that keeps every given of the puzzle and holds 1-4 exactly once in
+every row, column and 2x2 box.
+
+``parts``: the partial reward's factors ``cells``, ``layout`` and ``length`` (their product is
+that reward, whichever reward is chosen), and the strict check's ``answer`` (= correct),
+``format`` (1 when the block parsed as a 4x4 grid of digits), ``givens`` (1 when that grid keeps
+all givens) and ``units`` (fraction of the 12 rows, columns and boxes that hold 1-4 exactly once).
+
+Answer parsing for ``correct`` (lenient on layout, strict on content): inside the last answer
+block, blank lines and ruler lines made only of ``- + = | ` `` and spaces are skipped; every other
+line is one row, and must be exactly four digits once spaces, tabs, commas, ``|`` and square
+brackets are removed (so ``2 1 4 3``, ``2,1,4,3``, ``[2, 1, 4, 3]`` and ``2143`` all read as the
+same row). Exactly four rows are required; any other text inside the block (``Row 1: ...``,
+``_``) fails the format.
 
 Bring your own data (``data={"test": "puzzles.jsonl"}``): rows with ``puzzle`` and ``solution``,
 each a 16-cell string (whitespace, commas and ``|`` ignored, e.g. ``"1 _ 3 4\\n..."``), a list of
@@ -41,6 +59,9 @@ from llm_envs.parsing import last_tag
 from llm_envs.registry import register
 
 Grid = list[list[int]]  # 4 rows of 4 cells; 0 = blank
+
+#: Training rewards (``reward=``): reasoning-gym's partial credit (the paper's), or 1/0 for correct.
+REWARDS = ("partial", "binary")
 
 # The paper's prompt (appendix, Figure 11). Its opening sentence is a standing instruction, not
 # part of the task, so it goes in the system message. The paper also pre-filled the assistant
@@ -138,8 +159,28 @@ def grid_from_value(value: Any, field: str) -> Grid:
     return [[cell(x) for x in row] for row in rows]
 
 
+def partial_credit(answer: str, solution: Grid) -> dict[str, float]:
+    """reasoning-gym's ``mini_sudoku`` score of an answer block against ``solution``, as its factors.
+
+    ``cells * layout * length`` equals reasoning-gym's ``score_answer(answer, entry)`` with that
+    solution as the entry (the module docstring explains the three factors); an empty answer
+    scores 0.
+    """
+    oracle = format_grid(solution)
+    lines = answer.split("\n")
+    if "\n".join(line.rstrip() for line in lines) == oracle:
+        cells, layout = 1.0, 1.0
+    else:
+        rows = [[int(c) for c in line if c in "123456789"] for line in lines]
+        rows = [row for row in rows if len(row) == 4][:4]
+        right = sum(a == b for row, want in zip(rows, solution) for a, b in zip(want, row))
+        cells, layout = right / 16, 0.9
+    length = len(oracle) / len(answer) if len(answer) > len(oracle) else 1.0
+    return {"cells": cells, "layout": layout, "length": length}
+
+
 class SudokuEnv(TaskEnv):
-    """4x4 Mini Sudoku with a constraint-checking verifier.
+    """4x4 Mini Sudoku: the paper's partial-credit reward, a constraint-checking ``correct``.
 
     Args:
         data: ``{split: path}`` of files replacing built-in splits (see the module docstring).
@@ -148,6 +189,8 @@ class SudokuEnv(TaskEnv):
             puzzles are drawn first, so they do not change with train_size).
         min_empty, max_empty: blanks per puzzle, passed to reasoning-gym's generator (its
             defaults; it keeps a clue rather than allow a second solution).
+        reward: ``"partial"`` (reasoning-gym's partial credit, the paper's training reward) or
+            ``"binary"`` (1.0 when correct, else 0.0).
     """
 
     max_new_tokens = 512
@@ -161,10 +204,14 @@ class SudokuEnv(TaskEnv):
         test_size: int = 200,
         min_empty: int = 8,
         max_empty: int = 12,
+        reward: str = "partial",
     ):
         super().__init__(data=data, seed=seed)
         if train_size < 0 or test_size < 0:
             raise ValueError(f"split sizes must be >= 0; got {train_size}, {test_size}")
+        if reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {reward!r}")
+        self.reward = reward
         self.train_size, self.test_size = int(train_size), int(test_size)
         self.min_empty, self.max_empty = int(min_empty), int(max_empty)
         self._generated: list[tuple[Grid, Grid]] | None = None
@@ -229,20 +276,20 @@ class SudokuEnv(TaskEnv):
 
     # ----- scoring ----------------------------------------------------------------------------
     def score_completion(self, completion: str, example: Example) -> Score:
-        block = last_tag(completion, "answer")
+        block = last_tag(completion, "answer")  # what reasoning-gym's extract_answer returns
         grid = parse_answer(block) if block is not None else None
-        if grid is None:
-            parts = {"answer": 0.0, "format": 0.0, "givens": 0.0, "units": 0.0}
-            return Score(0.0, False, parts)
         puzzle = example.meta["puzzle"]
-        correct = is_solution(grid, puzzle)
-        parts = {
+        correct = grid is not None and is_solution(grid, puzzle)
+        # A valid grid other than the stored solution (a user's puzzle with several) is its own target.
+        parts = partial_credit(block or "", grid if correct else example.meta["solution"])
+        partial = parts["cells"] * parts["layout"] * parts["length"]
+        parts |= {
             "answer": float(correct),
-            "format": 1.0,
-            "givens": float(keeps_givens(grid, puzzle)),
-            "units": sum(unit_ok(grid, unit) for unit in _UNITS) / len(_UNITS),
+            "format": float(grid is not None),
+            "givens": float(grid is not None and keeps_givens(grid, puzzle)),
+            "units": sum(unit_ok(grid, unit) for unit in _UNITS) / len(_UNITS) if grid is not None else 0.0,
         }
-        return Score(float(correct), correct, parts)
+        return Score(float(correct) if self.reward == "binary" else partial, correct, parts)
 
 
 register("Sudoku-v0", SudokuEnv)

@@ -1,0 +1,151 @@
+"""Low-rank population noise: the batched forward pass equals each member evaluated alone with its
+E added to the weights explicitly (logits, KV-cached greedy and sampled generation, several
+architectures, fp32 and bf16), the update equals its formula, and bad ranks are one-line errors."""
+
+import copy
+import math
+
+import pytest
+import torch
+
+from trainers import lowrank, noise
+from trainers.generation import generate
+
+SEEDS, SIGNS = [11, 11, 12, 13], [1.0, -1.0, 1.0, -1.0]  # a mirrored pair and two single members
+SIGMA = 0.05  # large, so that members' greedy texts differ on a tiny random model
+
+
+def explicit_member(model, seed: int, sign: float, rank: int, dtype=torch.float32):
+    """A copy of ``model`` with sign * sigma * E(seed) added to every perturbed weight (in fp32)."""
+    member = copy.deepcopy(model).to(torch.float32)
+    with torch.no_grad():
+        for i, layer in enumerate(lowrank.select_layers(member, None, rank)):
+            layer.weight.add_(sign * SIGMA * lowrank.explicit_perturbation(layer, i, seed, rank))
+    return member.to(dtype)
+
+
+def member_major(rows: torch.Tensor, members: int) -> torch.Tensor:
+    return rows.repeat(members, 1)
+
+
+def tiny_qwen2(vocab: int):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    cfg = Qwen2Config(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=False, initializer_range=0.1)
+    torch.manual_seed(1)
+    model = Qwen2ForCausalLM(cfg).eval()
+    with torch.no_grad():  # Qwen2 has q/k/v biases: make them non-zero so they are exercised
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0, 0.1)
+    return model
+
+
+def tiny_gpt2(vocab: int):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    cfg = GPT2Config(vocab_size=vocab, n_embd=48, n_layer=2, n_head=4, n_positions=256, initializer_range=0.1)
+    torch.manual_seed(2)
+    return GPT2LMHeadModel(cfg).eval()
+
+
+@pytest.mark.parametrize("rank", [1, 3])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
+def test_batched_logits_equal_explicit_members(arch, rank, tiny_model, tiny_tokenizer):
+    model = {"llama": lambda: tiny_model, "qwen2": lambda: tiny_qwen2(len(tiny_tokenizer)),
+             "gpt2": lambda: tiny_gpt2(len(tiny_tokenizer))}[arch]()
+    layers = lowrank.select_layers(model, None, rank)
+    assert layers and all("embed" not in l.name and "lm_head" not in l.name and "wte" not in l.name for l in layers)
+    if arch == "gpt2":
+        assert all(l.transposed for l in layers)  # Conv1D
+    prompts = torch.randint(5, len(tiny_tokenizer), (2, 9), generator=torch.Generator().manual_seed(0))
+    before = [l.weight.clone() for l in layers]
+    pop = lowrank.Population(layers, SEEDS, SIGNS, SIGMA, rank)
+    with torch.no_grad(), pop.applied():
+        batched = model(member_major(prompts, len(SEEDS))).logits
+    assert all(torch.equal(l.weight, b) for l, b in zip(layers, before)), "evaluation must not touch the weights"
+    with torch.no_grad():
+        base = model(prompts).logits
+        for n, (seed, sign) in enumerate(zip(SEEDS, SIGNS)):
+            alone = explicit_member(model, seed, sign, rank)(prompts).logits
+            assert (alone - base).abs().max() > 0.1, "the perturbation must matter, or the test proves nothing"
+            assert torch.allclose(batched[2 * n:2 * n + 2], alone, atol=1e-5, rtol=0), (arch, n)
+
+
+def test_greedy_and_sampled_generation_with_kv_cache_equal_members_alone(tiny_model, tiny_tokenizer):
+    """Every member gets, in one batched generate call (KV cache on), the completions it gets alone;
+    sampling at a vanishing temperature goes through the sampling path and must give the same."""
+    from llm_envs import chat
+
+    prompts = [chat("Say 3."), chat("What is the capital of France?")]
+    rows = [p for _ in SEEDS for p in prompts]  # member-major
+    layers = lowrank.select_layers(tiny_model, None, 2)
+    pop = lowrank.Population(layers, SEEDS, SIGNS, SIGMA, 2)
+    with pop.applied():
+        greedy = generate(tiny_model, tiny_tokenizer, rows, max_new_tokens=12, batch_size=len(rows), sort=False)
+        sampled = generate(tiny_model, tiny_tokenizer, rows, max_new_tokens=12, batch_size=len(rows), sort=False,
+                           temperature=1e-7, seed=0)
+    assert sampled.token_ids == greedy.token_ids
+    alone = []
+    for seed, sign in zip(SEEDS, SIGNS):
+        member = explicit_member(tiny_model, seed, sign, 2)
+        alone += generate(member, tiny_tokenizer, prompts, max_new_tokens=12).token_ids
+    assert greedy.token_ids == alone
+    assert len({tuple(ids) for ids in alone}) > 2, "members must generate different texts"
+
+
+def test_bf16_batched_close_to_explicit(tiny_model, tiny_tokenizer):
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    layers = lowrank.select_layers(model, None, 1)
+    prompts = torch.randint(5, len(tiny_tokenizer), (2, 9), generator=torch.Generator().manual_seed(3))
+    pop = lowrank.Population(layers, SEEDS, SIGNS, SIGMA, 1)
+    assert all(b.dtype == torch.bfloat16 for b in pop.B)
+    with torch.no_grad(), pop.applied():
+        batched = model(member_major(prompts, len(SEEDS))).logits.float()
+    with torch.no_grad():
+        base = model(prompts).logits.float()
+        for n, (seed, sign) in enumerate(zip(SEEDS, SIGNS)):
+            alone = explicit_member(model, seed, sign, 1, torch.bfloat16)(prompts).logits.float()
+            effect = (alone - base).abs().max()
+            assert (batched[2 * n:2 * n + 2] - alone).abs().max() < 0.1 * effect
+
+
+def test_update_equals_explicit_formula(tiny_model):
+    model = copy.deepcopy(tiny_model)
+    rank = 2
+    layers = lowrank.select_layers(model, None, rank)
+    params = noise.Params([(l.name, l.weight) for l in layers])
+    before = [l.weight.detach().double().clone() for l in layers]
+    seeds, coefs = [5, 6, 7], [3e-3, -1e-3, 2e-3]
+    lowrank.apply_lowrank_update(params, layers, seeds, coefs, rank)
+    for i, (layer, b) in enumerate(zip(layers, before)):
+        expected = b.clone()
+        for s, c in zip(seeds, coefs):
+            a_, b_ = lowrank.factors(layer, i, s, rank)
+            expected += c * (a_.double() @ b_.double().T) / math.sqrt(rank)
+        assert torch.allclose(layer.weight.double(), expected, atol=1e-7, rtol=0), layer.name
+
+
+def test_update_goes_through_the_fp32_master(tiny_model):
+    """bf16 weights: the low-rank update lands in the fp32 master; the model is its rounding."""
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    layers = lowrank.select_layers(model, None, 1)
+    params = noise.Params([(l.name, l.weight) for l in layers])
+    for _ in range(3):
+        lowrank.apply_lowrank_update(params, layers, [1, 2], [1e-4, -2e-4], 1)
+    for layer, master in zip(layers, params.masters):
+        assert master.dtype == torch.float32 and torch.equal(layer.weight, master.to(torch.bfloat16))
+
+
+def test_layer_selection_errors(tiny_model):
+    from trainers.config import ConfigError
+
+    assert len(lowrank.select_layers(tiny_model, r"mlp\.", 1)) == 2 * 3  # gate, up, down in 2 layers
+    with pytest.raises(ConfigError, match="--rank: must be >= 1"):
+        lowrank.select_layers(tiny_model, None, 0)
+    with pytest.raises(ConfigError, match=r"--rank 33 exceeds what layer .*k_proj.weight allows \(min\(d_out, d_in\) = 32\)"):
+        lowrank.select_layers(tiny_model, None, 33)  # k_proj: 2 kv heads x 16 = 32 outputs
+    with pytest.raises(ConfigError, match="--param-filter 'norm' matches no linear layer"):
+        lowrank.select_layers(tiny_model, "norm", 1)

@@ -1,0 +1,173 @@
+"""Low-rank population noise (EGGROLL, arXiv 2511.16652): a whole ES population in one batched
+forward pass, on any Hugging Face causal LM.
+
+Member n perturbs every selected weight matrix W (d_out x d_in) by sigma * E_n with
+
+    E_n = A_n B_n^T / sqrt(R),   A_n (d_out x R), B_n (d_in x R) standard normal,
+
+regenerated from ``(member seed, layer index)``. E_n is never formed and W is never modified
+during evaluation: a forward hook on each selected layer adds, to the rows of member n (sign s),
+
+    s * sigma / sqrt(R) * (x B_n) A_n^T
+
+so ``y = x W^T (+ b) + s * sigma * x E_n^T`` exactly, with two small batched matrix products per
+layer for all members at once. Rows are laid out member-major (member n owns rows
+``n * P .. n * P + P - 1``), which lets every product be a plain ``bmm`` over members: no
+gather, no Python loop over members, and the KV cache of each row holds its own member's keys
+and values. The update ``theta_W += sum_n c_n E_n`` is one product of the stacked factors per
+layer, in fp32.
+
+What is perturbed: the weight matrices of every ``nn.Linear`` (and GPT-2 ``Conv1D``) module,
+i.e. all projections of the transformer blocks, except the output embedding (``lm_head``, also
+when tied to the input embedding). Embeddings, norms and biases keep their values, as in
+EGGROLL's LLM runs: they are vectors or lookup tables, where a low-rank perturbation means
+nothing, and they hold a few % of the parameters.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import re
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from trainers.config import ConfigError
+from trainers.noise import Params, tensor_seed
+
+
+@dataclass
+class Layer:
+    """One perturbed weight matrix and the module whose output the hook corrects."""
+
+    name: str  # the weight's parameter name, e.g. "model.layers.0.self_attn.q_proj.weight"
+    module: torch.nn.Module
+    weight: torch.Tensor
+    d_out: int
+    d_in: int
+    transposed: bool  # GPT-2's Conv1D stores W^T (d_in x d_out)
+
+
+def _is_conv1d(module: torch.nn.Module) -> bool:
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def select_layers(model: torch.nn.Module, pattern: str | None = None, rank: int = 1) -> list[Layer]:
+    """The layers low-rank noise perturbs, in a fixed order (their index seeds their noise).
+
+    Every ``nn.Linear`` / ``Conv1D`` whose weight name matches ``pattern`` (all when ``None``),
+    except the output embedding. Raises ``ConfigError`` when nothing is left or when ``rank``
+    exceeds ``min(d_out, d_in)`` of a layer."""
+    if rank < 1:
+        raise ConfigError(f"--rank: must be >= 1, got {rank}")
+    skip = set()
+    for emb in (model.get_output_embeddings(), model.get_input_embeddings()):
+        if emb is not None and getattr(emb, "weight", None) is not None:
+            skip.add(emb.weight.data_ptr())
+    layers = []
+    for name, module in model.named_modules():
+        linear = isinstance(module, torch.nn.Linear)
+        if not (linear or _is_conv1d(module)) or module.weight.data_ptr() in skip:
+            continue
+        weight_name = f"{name}.weight"
+        if pattern is not None and not re.search(pattern, weight_name):
+            continue
+        d_out, d_in = module.weight.shape if linear else module.weight.shape[::-1]
+        if rank > min(d_out, d_in):
+            raise ConfigError(f"--rank {rank} exceeds what layer {weight_name} allows "
+                               f"(min(d_out, d_in) = {min(d_out, d_in)})")
+        layers.append(Layer(weight_name, module, module.weight, d_out, d_in, not linear))
+    if not layers:
+        what = f"--param-filter {pattern!r} matches no" if pattern else "the model has no"
+        raise ConfigError(f"{what} linear layer to perturb with low-rank noise "
+                           f"(embeddings, lm_head and norms are never perturbed in this mode)")
+    return layers
+
+
+def factors(layer: Layer, index: int, seed: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) of member ``seed`` for layer ``index``: fp32 standard normal, (d_out x R), (d_in x R),
+    on the weight's device. One draw of (d_out + d_in) x R, split."""
+    device = layer.weight.device
+    gen = torch.Generator(device=device).manual_seed(tensor_seed(seed, index))
+    ab = torch.randn(layer.d_out + layer.d_in, rank, generator=gen, device=device, dtype=torch.float32)
+    return ab[:layer.d_out], ab[layer.d_out:]
+
+
+class Population:
+    """The factors of some population members, ready to be added to a batched forward pass.
+
+    ``seeds[k]`` and ``signs[k]`` describe the k-th member of a call; rows of the call are
+    member-major, ``rows_per_member`` each. Factors are stored in the compute dtype with the
+    sign and ``sigma / sqrt(R)`` folded into A:
+
+        B[i]  (members, d_in, R)       At[i]  (members, R, d_out)
+    """
+
+    def __init__(self, layers: Sequence[Layer], seeds: Sequence[int], signs: Sequence[float], sigma: float,
+                 rank: int, dtype: torch.dtype | None = None):
+        self.layers, self.members = list(layers), len(seeds)
+        scale = sigma / math.sqrt(rank)
+        self.B: list[torch.Tensor] = []
+        self.At: list[torch.Tensor] = []
+        for i, layer in enumerate(self.layers):
+            dt = dtype or layer.weight.dtype
+            drawn = {s: factors(layer, i, s, rank) for s in dict.fromkeys(seeds)}  # mirrored pairs: once
+            self.B.append(torch.stack([drawn[s][1] for s in seeds]).to(dt))
+            self.At.append(torch.stack([(sign * scale) * drawn[s][0].T for s, sign in zip(seeds, signs)]).to(dt))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.B + self.At)
+
+    def _hook(self, index: int):
+        layer, B, At, n = self.layers[index], self.B[index], self.At[index], self.members
+
+        def add_noise(module, args, output):
+            x = args[0]
+            if x.numel() % (n * layer.d_in):
+                raise RuntimeError(f"low-rank noise: layer {layer.name} got input {tuple(x.shape)}, not "
+                                   f"{n} members x equal rows (rows must be member-major, same count each)")
+            xb = torch.bmm(x.reshape(n, -1, layer.d_in).to(B.dtype), B)  # (n, rows*T, R)
+            out = output.view(n, -1, layer.d_out)
+            if output.requires_grad or B.dtype != output.dtype:
+                return (out + torch.bmm(xb, At).to(out.dtype)).view_as(output)
+            out.baddbmm_(xb, At)  # in place: no output-sized temporary
+            return output
+
+        return add_noise
+
+    @contextlib.contextmanager
+    def applied(self) -> Iterator[None]:
+        """Within the block, the model computes every member's perturbed output on its own rows."""
+        handles = [layer.module.register_forward_hook(self._hook(i)) for i, layer in enumerate(self.layers)]
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+@torch.no_grad()
+def apply_lowrank_update(params: Params, layers: Sequence[Layer], seeds: Sequence[int], coefficients: Sequence[float],
+                 rank: int) -> None:
+    """theta_W += sum_n coefficients[n] * A_n B_n^T / sqrt(R) for every layer: one fp32 product of
+    the stacked, coefficient-scaled factors per layer, added once (through ``params``, which
+    keeps fp32 master copies of low-precision weights)."""
+    pairs = [(s, c) for s, c in zip(seeds, coefficients) if c != 0.0]
+    if not pairs:
+        return
+    for i, layer in enumerate(layers):
+        drawn = [factors(layer, i, s, rank) for s, _ in pairs]
+        coef = torch.tensor([c for _, c in pairs], dtype=torch.float32, device=layer.weight.device)
+        a = torch.cat([(c * fa) for c, (fa, _) in zip(coef, drawn)], dim=1)  # (d_out, n*R)
+        b = torch.cat([fb for _, fb in drawn], dim=1)  # (d_in, n*R)
+        delta = (a @ b.T) / math.sqrt(rank)
+        params.add_(i, delta.T if layer.transposed else delta)
+
+
+def explicit_perturbation(layer: Layer, index: int, seed: int, rank: int) -> torch.Tensor:
+    """E = A B^T / sqrt(R) as a dense fp32 matrix, shaped like the weight (tests and checks only)."""
+    a, b = factors(layer, index, seed, rank)
+    e = a @ b.T / math.sqrt(rank)
+    return e.T if layer.transposed else e
