@@ -14,7 +14,6 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
-import llm_envs
 from llm_envs.scoring import GRACE
 from toy_envs import CheapEchoEnv, EchoEnv
 
