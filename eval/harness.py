@@ -57,7 +57,7 @@ class EvalConfig:
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
     cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
-    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in-process); None = the env's"})
+    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers); None = the env's"})
 
     def validate(self) -> None:
         for name, value in PRESETS.get(self.preset or "", {}).items():

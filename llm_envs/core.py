@@ -5,19 +5,25 @@ the model's completion and returns the verifiable reward. Trainers skip the epis
 use the batch API instead: ``examples(split)`` for the prompts and ``score``/``score_batch`` for
 the rewards.
 
-Scoring many completions in worker processes is a separate object, ``llm_envs.scoring.BatchScorer``,
-that trainers and the eval harness hold (``score_batch`` here is a convenience over one).
+Every call that scores model text (``step``, ``score``, ``score_batch``) returns within
+``score_timeout`` seconds (10 by default): a cheap pure-Python scorer (``score_workers = 0``) runs
+in this process under an interval timer, any other in a worker process that is killed at the
+deadline (``llm_envs.scoring``). A completion not scored in time gets reward 0 and
+``error="timeout"``. Scoring many completions in worker processes is a separate object,
+``llm_envs.scoring.BatchScorer``, that trainers and the eval harness hold (``score_batch`` here is
+a convenience over one).
 
 A new environment implements three hooks:
 
 - ``build_split(split)``: the built-in examples of a split (generated or read from packaged data);
 - ``parse_row(row)``: one row of a user's data file -> ``Example`` (raise ``FieldError`` on bad data);
-- ``score_completion(completion, example)``: the reward of one completion.
+- ``score_completion(completion, example)``: the reward of one completion;
+
+and may implement ``prepare_scoring()`` (slow imports a worker does before its first item).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any, ClassVar
@@ -26,7 +32,7 @@ import gymnasium as gym
 from gymnasium import spaces
 
 from llm_envs.data import DataError, FieldError, load_rows
-from llm_envs.scoring import BatchScorer
+from llm_envs.scoring import BatchScorer, resolve_workers
 from llm_envs.types import Example, Message, Score
 
 
@@ -50,6 +56,13 @@ def chat(user: str, system: str | None = None) -> list[Message]:
 class TaskEnv(gym.Env[str, str]):
     """A single-turn environment with a verifiable outcome reward.
 
+    Scoring is bounded in time: ``step``, ``score`` and ``score_batch`` give each completion at
+    most ``score_timeout`` seconds, in this process under a timer when ``score_workers == 0`` (the
+    scorer is cheap pure Python and this is the main thread), else in a worker process killed at
+    the deadline; a completion not scored in time gets reward 0 and ``error="timeout"``. A script
+    that scores in worker processes needs the ``if __name__ == "__main__":`` guard (workers
+    re-import it); without one it fails at once with an error that says so.
+
     Args:
         data: ``{split: path}`` of JSON/JSONL files that replace built-in splits.
         seed: seed of everything the environment generates (puzzles, split assignment).
@@ -63,9 +76,11 @@ class TaskEnv(gym.Env[str, str]):
     #: Generation budget a trainer uses unless told otherwise.
     max_new_tokens: ClassVar[int] = 512
     #: Default worker processes of a ``BatchScorer`` (and ``score_batch``): ``None`` = one per core
-    #: (up to 8); ``0`` scores in-process, faster for cheap scorers that cannot hang (no per-item
-    #: timeout there).
+    #: (up to 8); ``0`` = this scorer is cheap pure Python (no long C calls): score in this
+    #: process under a timer, no process start-up or messaging.
     score_workers: ClassVar[int | None] = None
+    #: Seconds a completion's scoring may take (an instance may set its own).
+    score_timeout: float = 10.0
     #: Longest prompt or completion the spaces admit.
     max_text_length: ClassVar[int] = 200_000
 
@@ -80,7 +95,7 @@ class TaskEnv(gym.Env[str, str]):
         self.action_space = AnyText(self.max_text_length, min_length=0)
         self._splits: dict[str, list[Example]] = {}
         self._current: Example | None = None
-        self._scorer: BatchScorer | None = None  # score_batch's, kept until close()
+        self._scorers: dict[int, BatchScorer] = {}  # score's and score_batch's, by workers, until close()
 
     # ----- hooks for subclasses -------------------------------------------------------------
     def build_split(self, split: str) -> list[Example]:
@@ -94,6 +109,10 @@ class TaskEnv(gym.Env[str, str]):
     def score_completion(self, completion: str, example: Example) -> Score:
         """Score one completion (the model's text only, never the prompt)."""
         raise NotImplementedError
+
+    def prepare_scoring(self) -> None:
+        """Import or build what scoring needs; each worker process calls it once before its
+        first item, so slow imports (sympy) do not count against an item's time."""
 
     # ----- batch API for trainers -----------------------------------------------------------
     def examples(self, split: str = "train") -> Sequence[Example]:
@@ -109,36 +128,25 @@ class TaskEnv(gym.Env[str, str]):
         return self._splits[split]
 
     def score(self, completion: str, example: Example) -> Score:
-        """Score one completion; never raises: a failure is reward 0 with ``error`` set."""
-        if not isinstance(completion, str):
-            return Score(0.0, False, error=f"completion must be str, got {type(completion).__name__}")
-        try:
-            score = self.score_completion(completion, example)
-        except Exception as exc:  # a scorer bug must not kill a training run
-            return Score(0.0, False, error=f"{type(exc).__name__}: {exc}")
-        if not math.isfinite(score.reward):
-            return Score(0.0, False, score.parts, error=f"non-finite reward {score.reward}")
-        return score
+        """Score one completion within ``score_timeout`` seconds; never raises: a failure is
+        reward 0 with ``error`` set (``"timeout"`` when out of time)."""
+        return self._scorer(0 if self.score_workers == 0 else 1).score(completion, example)
 
     def score_batch(
         self,
         completions: Sequence[str],
         examples: Sequence[Example],
         workers: int | None = None,
-        timeout: float = 10.0,
+        timeout: float | None = None,
     ) -> list[Score]:
-        """Score many completions in worker processes, each given at most ``timeout`` seconds
-        (a convenience over a ``BatchScorer`` that this env keeps until ``close``).
+        """Score many completions, each within ``timeout`` seconds (default ``score_timeout``):
+        a convenience over a ``BatchScorer`` that this env keeps until ``close``.
 
-        ``workers=0`` scores in this process (no per-item timeout); ``None`` takes the env's
-        ``score_workers``. A completion whose scoring times out gets reward 0 and
-        ``error='timeout'``.
+        ``workers``: processes; ``None`` takes the env's ``score_workers``, ``0`` scores in this
+        process (pure-Python scorers only; others get one process). A completion whose scoring
+        times out gets reward 0 and ``error='timeout'``.
         """
-        scorer = BatchScorer(self, workers)
-        if self._scorer is None or self._scorer.workers != scorer.workers:
-            self.close()
-            self._scorer = scorer
-        return self._scorer.score_batch(completions, examples, timeout)
+        return self._scorer(workers).score_batch(completions, examples, timeout)
 
     # ----- Gymnasium episode API -------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
@@ -172,11 +180,18 @@ class TaskEnv(gym.Env[str, str]):
         return "", float(score.reward), True, False, info
 
     def close(self) -> None:
-        if self._scorer is not None:
-            self._scorer.close()
-            self._scorer = None
+        """Stop the worker processes of ``score`` and ``score_batch`` (they restart when needed)."""
+        scorers, self._scorers = self._scorers, {}
+        for scorer in scorers.values():
+            scorer.close()
 
     # ----- internals --------------------------------------------------------------------------
+    def _scorer(self, workers: int | None) -> BatchScorer:
+        workers = resolve_workers(self, workers)
+        if workers not in self._scorers:
+            self._scorers[workers] = BatchScorer(self, workers)
+        return self._scorers[workers]
+
     def _load_file(self, path: str | PathLike) -> list[Example]:
         examples = []
         for index, row in enumerate(load_rows(path)):

@@ -9,7 +9,8 @@ from llm_envs import Example, Score, TaskEnv, chat, register, require
 
 
 class EchoEnv(TaskEnv):
-    """Say the number back. Completions "hang" and "sleep" misbehave on purpose."""
+    """Say the number back. Completions "hang" (a Python loop), "sleep" (a blocking call that a
+    signal interrupts) and "c-loop" (hours in C code that no signal interrupts) misbehave on purpose."""
 
     max_new_tokens = 8
 
@@ -25,6 +26,8 @@ class EchoEnv(TaskEnv):
                 pass
         if completion == "sleep":
             time.sleep(60)
+        if completion == "c-loop":
+            sum(range(10**12))
         if completion == "boom":
             raise RuntimeError("scorer bug")
         ok = completion.strip() == example.answer
@@ -32,6 +35,15 @@ class EchoEnv(TaskEnv):
 
 
 register("Echo-v0", EchoEnv)
+
+
+class CheapEchoEnv(EchoEnv):
+    """EchoEnv declared a cheap pure-Python scorer: scored in this process under a timer."""
+
+    score_workers = 0
+
+
+register("CheapEcho-v0", CheapEchoEnv)
 
 
 class LetterEnv(TaskEnv):

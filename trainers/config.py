@@ -156,7 +156,7 @@ class TrainConfig:
                                                                    "(an iteration or step starts only if it fits)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
-    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
+    score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
 
     def validate(self) -> None:
         try:

@@ -19,8 +19,8 @@ Modes:
   in ``<reasoning>`` and writes ``transform(grid)`` in a ```` ```python ```` block; the LAST such
   block (else the last fenced block) runs in ``llm_envs.sandbox`` (a separate, resource-limited
   process without network or writable files; it may import numpy and common stdlib modules, see
-  ``sandbox.ALLOWED_MODULES``) on EVERY test input. Keep ``timeout`` below ``score_batch``'s
-  per-item timeout (10 s by default).
+  ``sandbox.ALLOWED_MODULES``) on EVERY test input, within ``timeout`` seconds; the env's
+  ``score_timeout`` is ``timeout + 5`` (at least 10 s), so the sandbox's own limit fires first.
 - ``grid`` (cheaper; no code runs): the same task explanation, but the model gives each test
   output grid in its own ``<answer>`` block (the last k blocks count for k test inputs). A row is
   a line of digits; spaces, commas and square brackets between them are ignored, blank lines
@@ -198,6 +198,7 @@ class ArcAgiEnv(TaskEnv):
             if not 0 < size <= 400:
                 raise ValueError(f"{name} must be in 1..400, got {size}")
         self.mode, self.timeout, self.memory_mb = mode, float(timeout), int(memory_mb)
+        self.score_timeout = max(type(self).score_timeout, self.timeout + 5.0)
         self.sizes = {"train": int(train_size), "test": int(test_size)}
 
     # ----- data ---------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class ConcisenessEnv(TaskEnv):
     """
 
     max_new_tokens = 128
-    score_workers = 0  # pure-Python scoring that cannot hang: workers only add overhead
+    score_workers = 0  # cheap pure-Python scoring, no long C calls: timed in-process, workers only add overhead
 
     def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, strip: bool = True):
         super().__init__(data=data, seed=seed)

@@ -338,7 +338,7 @@ class CountdownEnv(TaskEnv):
     """
 
     max_new_tokens = 512
-    score_workers = 0  # pure-Python scoring that cannot hang: workers only add overhead
+    score_workers = 0  # cheap pure-Python scoring, no long C calls: timed in-process, workers only add overhead
 
     def __init__(
         self,

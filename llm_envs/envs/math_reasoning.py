@@ -10,13 +10,15 @@ reward. ``parts = {"answer": reward, "boxed": 1.0 if a boxed answer was found}``
 is parsed as ``\\boxed{answer}`` (math-verify accepts every reference of the five benchmark files
 against itself). A truncated, never-closed ``\\boxed{`` does not count as an answer.
 
-Thread and signal safety: math-verify's own timeout uses ``signal.alarm``, which fails outside
-the main thread and would clobber ``score_batch``'s per-item interval timer, so it is disabled
-here; ``score`` may be called from any thread, and ``TaskEnv.score_batch`` provides timeouts.
-``score`` itself has no timeout, so pathological answers are screened before sympy sees them:
-answers over ``MAX_ANSWER_CHARS`` characters or nested deeper than ``MAX_NESTING`` brackets, and
-parsed expressions holding numbers past about ``MAX_DIGITS`` digits (power towers, huge
-factorials: big-integer arithmetic in C that no signal can interrupt), score 0.
+Time: sympy can spend minutes on a crafted answer, much of it in C code that no signal
+interrupts, so this env scores in a worker process that is killed at ``score_timeout`` (the
+default ``score_workers``; ``TaskEnv`` and ``llm_envs.scoring`` do it for ``step``, ``score`` and
+``score_batch`` alike). Known-slow answers are also screened before sympy sees them, so they score
+0 at once instead of at the deadline: answers over ``MAX_ANSWER_CHARS`` characters or nested
+deeper than ``MAX_NESTING`` brackets, and parsed expressions holding numbers past about
+``MAX_DIGITS`` digits (power towers, huge factorials). math-verify's own timeout uses
+``signal.alarm``, which fails outside the main thread and would clobber the worker's per-item
+timer, so it is disabled here.
 
 Data (real data only; the first source that has a split wins):
 
@@ -351,6 +353,10 @@ class MathEnv(TaskEnv):
         )
 
     # ----- reward ---------------------------------------------------------------------------------
+    def prepare_scoring(self) -> None:
+        """Import math-verify and sympy (about a second) before a worker's first item."""
+        _parse_gold("1")
+
     def score_completion(self, completion: str, example: Example) -> Score:
         prediction = last_boxed(completion)
         if prediction is None:
