@@ -28,7 +28,7 @@ import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
-from trainers.config import ConfigError, check, env_kwargs
+from trainers.config import ConfigError, check, env_kwargs, make_env
 from trainers.generation import encode_prompts
 from trainers.models import model_fingerprint
 from trainers.rollout import eval_examples, rollout
@@ -211,10 +211,7 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"--env: {exc}") from None
     env_args = env_kwargs(cfg.env_args)
     splits = _splits(cfg, env_id)
-    try:
-        env = llm_envs.make(env_id, **env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
-    except TypeError as exc:
-        raise ConfigError(f"--env-args: {exc}") from None
+    env = make_env(env_id, env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")

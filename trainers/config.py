@@ -136,6 +136,22 @@ def env_kwargs(env_args: str | None) -> dict[str, Any]:
     return args
 
 
+def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, **extra: Any) -> llm_envs.TaskEnv:
+    """Build ``env_id`` with the options of ``--env-args`` (a JSON string or a dict) and ``extra``.
+    An option the environment rejects (an unknown name, a bad value) is a ``ConfigError`` naming
+    ``--env-args``; a bad data file stays a ``DataError`` (its message names the file). Call it
+    before creating any run directory, so that a typo costs nothing."""
+    options = env_kwargs(env_args) if not isinstance(env_args, dict) else env_args
+    try:
+        return llm_envs.make(env_id, **options, **extra)
+    except llm_envs.UnknownEnvError as exc:
+        raise ConfigError(f"--env: {exc}") from None
+    except llm_envs.DataError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--env-args {json.dumps(options)}: {exc}") from None
+
+
 @dataclass
 class TrainConfig:
     """The options every trainer has (ES, GRPO, PPO): what to train on, where the run lives, the

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, lowrank, noise
-from trainers.config import ConfigError, TrainConfig, check, env_kwargs, resolve_config, run_main, to_dict
+from trainers.config import ConfigError, TrainConfig, check, make_env, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
@@ -288,11 +288,11 @@ def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, 
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
+    env = make_env(cfg.env, cfg.env_args)  # bad options end here, before any run directory exists
+    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
-    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
     if cfg.max_samples is not None and cfg.max_samples < cfg.population * per_iteration:

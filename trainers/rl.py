@@ -18,7 +18,7 @@ from tqdm import tqdm
 import llm_envs
 from trainers.budget import Budget
 from trainers.checkpoints import latest_checkpoint, restore_trainer, save_checkpoint
-from trainers.config import ConfigError, TrainConfig, check, env_kwargs, to_dict
+from trainers.config import ConfigError, TrainConfig, check, make_env, to_dict
 from trainers.models import save_model
 from trainers.policy import load_policy, load_reference, make_optimizer
 from trainers.rollout import batch_for, evaluate
@@ -64,11 +64,11 @@ def train(cfg: RLConfig, algorithm) -> Path:
     optimizer step each); log, evaluate, checkpoint; save the final model."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
+    env = make_env(cfg.env, cfg.env_args)  # bad options end here, before any run directory exists
+    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     run = RunDir(cfg.out, resume=cfg.resume is not None)
     run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
-    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     say = tqdm.write
 
