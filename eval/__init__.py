@@ -74,9 +74,10 @@ def canonical_method(name: str, config: dict[str, Any] | None = None) -> str | N
 
 
 def infer_method(config: dict[str, Any], run_name: str = "") -> str:
-    """The method of a trainer run from its config.yaml (explicit name, RL loss type, ES
-    hyperparameters), else from the run directory's name (``es-...``, ``grpo-...``)."""
-    for key in ("method", "algorithm", "trainer", "loss_type", "loss"):
+    """The method of a trainer run from its config.yaml: the ``algorithm`` every trainer here
+    records, else another explicit name, RL loss type or ES hyperparameters (runs of other
+    code), else the run directory's name (``es-...``, ``grpo-...``)."""
+    for key in ("algorithm", "method", "trainer", "loss_type", "loss"):
         value = config.get(key)
         if isinstance(value, str) and canonical_method(value, config):
             return canonical_method(value, config)

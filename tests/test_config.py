@@ -3,9 +3,12 @@ run directory exists, the ``algorithm`` each run records, and flags on the comma
 (abbreviations refused, ``--resume`` overridden only by flags really given)."""
 
 import pytest
+import yaml
 
 import eval.__main__ as eval_cli
+from eval import infer_method, load_results, table
 from trainers import es, grpo, ppo
+from trainers.config import build_config, to_dict
 
 TRAINERS = {"es": es, "grpo": grpo, "ppo": ppo}
 BAD_OPTIONS = [('{"reward": "x"}', "reward must be one of"),  # Sudoku-v0's ValueError
@@ -33,3 +36,41 @@ def test_bad_env_options_in_eval_are_one_line(options, message, tmp_path, capsys
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: --env-args") and message in err[0], err
     assert not out.exists()
+
+
+# ----- the algorithm a run records ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, algorithm, label", [
+    (["es"], "es", "ES"),
+    (["grpo"], "grpo", "GRPO (8)"),
+    (["grpo", "--loss", "dr_grpo"], "dr_grpo", "Dr.GRPO"),
+    (["ppo"], "ppo", "PPO"),
+])
+def test_every_config_records_its_algorithm(argv, algorithm, label):
+    cfg = TRAINERS[argv[0]].resolve(argv[1:])
+    written = to_dict(cfg)
+    assert written["algorithm"] == algorithm
+    # whatever the run directory is called (a sweep's beta=..._lr=... included)
+    assert infer_method(written, "beta=0.001_lr=1e-06") == label
+    # read back (--config, --resume) it is not an option, and cannot override the trainer's
+    assert build_config(type(cfg), {**written, "algorithm": "es" if algorithm != "es" else "ppo"}).algorithm == algorithm
+
+
+def test_a_ppo_run_outside_a_ppo_directory_is_labelled_ppo(tmp_path, tiny_model_dir, one_thread):
+    run = tmp_path / "run"  # not ppo-...
+    ppo.main(["--env", "toy_envs:Letter-v0", "--model", str(tiny_model_dir), "--out", str(run), "--steps", "1",
+              "--batch-size", "2", "--group-size", "2", "--eval-every", "0"])
+    assert yaml.safe_load((run / "config.yaml").read_text())["algorithm"] == "ppo"
+    records = load_results([str(run)])
+    assert [r["method"] for r in records] == ["Original", "PPO"]
+    [t1] = table.method_table(records)
+    assert t1.header[1:] == ["Original", "PPO"]
+
+
+def test_resuming_a_run_without_algorithm_in_its_config(tmp_path):
+    old = to_dict(grpo.resolve(["--out", str(tmp_path)]))
+    del old["algorithm"]  # written before runs recorded it
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    cfg = grpo.resolve(["--resume", str(tmp_path)])
+    assert cfg.algorithm == "grpo" and to_dict(cfg)["algorithm"] == "grpo"

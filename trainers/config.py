@@ -16,7 +16,7 @@ import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -24,6 +24,10 @@ import llm_envs
 from trainers.run_dir import RunDirError
 
 C = TypeVar("C")
+
+#: Keys of config.yaml that are not options: each is derived from the options and written by the
+#: run (``algorithm``), and ignored when a config is read back (``--config``, ``--resume``).
+DERIVED_KEYS = ("algorithm",)
 
 
 class ConfigError(ValueError):
@@ -105,6 +109,7 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
     """``cls(**values)`` with types converted, unknown keys rejected and ``validate()`` run."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = {k: v for k, v in values.items() if k not in DERIVED_KEYS}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(f"unknown option(s) {', '.join(_flag(u) for u in unknown)}")
@@ -155,7 +160,13 @@ def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, **extra:
 @dataclass
 class TrainConfig:
     """The options every trainer has (ES, GRPO, PPO): what to train on, where the run lives, the
-    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields."""
+    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields, and
+    each sets ``algorithm``."""
+
+    #: What config.yaml records as ``algorithm:`` (es / grpo / dr_grpo / ppo), the key tables and
+    #: plots label a run by. Each trainer's config fixes it (from ``--loss`` for GRPO): no flag
+    #: can set it to a wrong value, and it is not read back.
+    algorithm: ClassVar[str | None] = None
 
     env: str = field(default="Countdown-v0", metadata={"help": "environment id; 'my_module:My-v0' imports my_module first"})
     model: str = field(default="smollm2-135m", metadata={"help": "Hugging Face id, local directory, or smollm2-135m"})
@@ -187,7 +198,9 @@ class TrainConfig:
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """What config.yaml holds: ``algorithm`` (when the config has one), then every option."""
+    algorithm = getattr(config, "algorithm", None)
+    return ({"algorithm": algorithm} if algorithm else {}) | dataclasses.asdict(config)
 
 
 def fail(message: str) -> typing.NoReturn:

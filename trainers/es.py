@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -53,6 +53,8 @@ GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
 
 @dataclass
 class ESConfig(TrainConfig):
+    algorithm: ClassVar[str] = "es"
+
     iterations: int | None = field(default=None, metadata={"help": "ES iterations (paper's per env)"})
     population: int | None = field(default=None, metadata={"help": "N, perturbations per iteration (paper's per env)"})
     sigma: float | None = field(default=None, metadata={"help": "noise scale (paper's per env)"})

@@ -49,6 +49,10 @@ class GRPOConfig(RLConfig):
                                                 "choices": ["grpo", "dr_grpo"]})
     loss_norm: int | None = field(default=None, metadata={"help": "dr_grpo: per-response constant the token sums are divided by (default: max_new_tokens)"})
 
+    @property
+    def algorithm(self) -> str:  # grpo or dr_grpo
+        return self.loss
+
     def validate(self) -> None:
         super().validate()
         if self.beta is None:

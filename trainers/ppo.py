@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -40,6 +41,8 @@ from trainers.sampling import Samples
 
 @dataclass
 class PPOConfig(RLConfig):
+    algorithm: ClassVar[str] = "ppo"
+
     batch_size: int = field(default=16, metadata={"help": "training prompts per sampled batch"})
     group_size: int = field(default=1, metadata={"help": "sampled responses per prompt"})
     lam: float = field(default=1.0, metadata={"help": "GAE lambda (gamma is 1)"})
