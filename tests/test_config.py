@@ -74,3 +74,41 @@ def test_resuming_a_run_without_algorithm_in_its_config(tmp_path):
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     cfg = grpo.resolve(["--resume", str(tmp_path)])
     assert cfg.algorithm == "grpo" and to_dict(cfg)["algorithm"] == "grpo"
+
+
+# ----- flags ----------------------------------------------------------------------------------------
+
+
+def saved_run(tmp_path, trainer, *argv) -> str:
+    """A run directory holding only the config.yaml of ``trainer`` with flags ``argv``."""
+    cfg = TRAINERS[trainer].resolve([*argv, "--out", str(tmp_path)])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg)))
+    return str(tmp_path)
+
+
+def test_abbreviated_flags_are_refused_also_with_resume(tmp_path, capsys):
+    run = saved_run(tmp_path, "es", "--iterations", "5", "--population", "4")
+    for argv in (["--resume", run, "--iter", "20"], ["--iter", "20"]):
+        with pytest.raises(SystemExit) as exc:
+            es.resolve(argv)
+        assert exc.value.code == 2 and "unrecognized arguments: --iter 20" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        grpo.resolve(["--resume", run, "--step", "3"])
+    assert "unrecognized arguments: --step" in capsys.readouterr().err
+
+
+def test_flags_given_with_resume_override_the_saved_config_and_only_they(tmp_path):
+    run = saved_run(tmp_path, "es", "--iterations", "5", "--population", "4", "--sigma", "0.01")
+    cfg = es.resolve(["--resume", run, "--iterations", "20"])
+    assert (cfg.iterations, cfg.population, cfg.sigma, cfg.out, cfg.resume) == (20, 4, 0.01, run, run)
+    cfg = es.resolve(["--resume", run, "--iterations=500", "--population", "30"])  # = form; values equal to defaults
+    assert (cfg.iterations, cfg.population) == (500, 30)
+    assert es.resolve(["--resume", run]).iterations == 5
+
+
+def test_config_file_with_resume_is_refused(tmp_path, capsys):
+    (tmp_path / "run").mkdir()
+    run = saved_run(tmp_path / "run", "grpo", "--steps", "3")
+    with pytest.raises(SystemExit):
+        grpo.resolve(["--resume", run, "--config", str(tmp_path / "run" / "config.yaml")])
+    assert "--config: not with --resume" in capsys.readouterr().err

@@ -68,13 +68,17 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{_flag(name)}: expected {kind.__name__}, got {value!r}") from None
 
 
-def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
-    """Build ``cls`` from ``--config`` YAML and command-line flags; exits with a message on error."""
+def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
+    """A parser with ``--config`` and one flag per field of ``cls``. Flags that are not given are
+    absent from the parsed namespace (``default=SUPPRESS``): what the namespace holds is exactly
+    what the command line said. Abbreviations (``--iter`` for ``--iterations``) are refused."""
     hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of field: value pairs (flags given here override it)")
-    for f in fields:
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         kind, _ = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         meta = f.metadata.get("help", "")
@@ -82,12 +86,16 @@ def parse_config(cls: type[C], argv: list[str] | None = None, description: str =
         parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, choices=choices,
                             metavar=kind.__name__.upper() if not choices else None,
                             help=f"{meta} (default: {default})")
-    args = vars(parser.parse_args(argv))
+    return parser
+
+
+def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
+    """Build ``cls`` from ``--config`` YAML and command-line flags; exits with a message on error."""
+    parser = make_parser(cls, description)
+    flags = vars(parser.parse_args(argv))
+    config_file = flags.pop("config", None)
     try:
-        values = load_yaml(args.pop("config")) if args.get("config") else {}
-        args.pop("config", None)
-        values.update(args)
-        return build_config(cls, values)
+        return build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
     except ConfigError as exc:
         parser.error(str(exc))
 
@@ -210,23 +218,28 @@ def fail(message: str) -> typing.NoReturn:
 
 
 def resolve_config(cls: type, prefix, argv: list[str] | None = None, description: str = ""):
-    """The config of a new run, or of a resumed run (its saved config, overridden by flags);
+    """The config of a new run (``--config`` YAML, then flags), or of a resumed run: its saved
+    config.yaml, with the flags given on this command line (and only those) overriding it.
     ``prefix`` (a string, or a function of the config) names the default run directory."""
-    cfg = parse_config(cls, argv, description=description)
-    if cfg.resume:
-        try:
-            saved = load_yaml(Path(cfg.resume) / "config.yaml")
-        except ConfigError:
-            fail(f"--resume {cfg.resume}: no run there (config.yaml missing)")
-        given = {k.lstrip("-").split("=")[0].replace("-", "_") for k in (argv if argv is not None else sys.argv[1:])
-                 if k.startswith("--")}
-        saved.update({k: v for k, v in to_dict(cfg).items() if k in given})
-        saved.update(resume=cfg.resume, out=cfg.resume)
-        cfg = build_config(cls, saved)
-    elif cfg.out is None:
-        name = prefix(cfg) if callable(prefix) else prefix
-        cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg
+    parser = make_parser(cls, description)
+    flags = vars(parser.parse_args(argv))
+    config_file = flags.pop("config", None)
+    try:
+        if not flags.get("resume"):
+            cfg = build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
+            if cfg.out is None:
+                name = prefix(cfg) if callable(prefix) else prefix
+                cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+            return cfg
+        resume = flags["resume"]
+        if config_file:
+            raise ConfigError("--config: not with --resume (the run's config.yaml is used; override options with flags)")
+        saved_file = Path(resume) / "config.yaml"
+        if not saved_file.is_file():
+            raise ConfigError(f"--resume {resume}: no run there (config.yaml missing)")
+        return build_config(cls, load_yaml(saved_file) | flags | {"resume": resume, "out": resume})
+    except ConfigError as exc:
+        parser.error(str(exc))
 
 
 def run_main(resolve, train, argv: list[str] | None = None) -> None:
