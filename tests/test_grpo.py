@@ -237,6 +237,14 @@ def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):
     assert (out / "final").is_dir()
 
 
+def test_max_samples_below_one_batch_is_refused_before_the_run_directory(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        grpo.main(grpo_args(tiny_model_dir, out, "--max-samples", "31"))  # 4 prompts x 8 = 32 per batch
+    assert "--max-samples 31 is less than one sampled batch: 4 prompts x 8 responses = 32" in capsys.readouterr().err
+    assert not out.exists()
+
+
 def test_epochs_reuse_each_batch_and_clip(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--steps", "4", "--epochs", "2"))

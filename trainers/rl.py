@@ -66,10 +66,14 @@ def train(cfg: RLConfig, algorithm) -> Path:
         raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
     env = make_env(cfg.env, cfg.env_args)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
+    train_examples = env.examples("train")
+    per_step = min(cfg.batch_size, len(train_examples)) * cfg.group_size  # responses one sampled batch generates
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
+        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
+                          f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
     run = RunDir(cfg.out, resume=cfg.resume is not None)
     run.write_config(to_dict(cfg))
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
-    train_examples = env.examples("train")
     say = tqdm.write
 
     # Resume: the newest complete checkpoint (weights, optimizer, RNG, step, budget).
@@ -108,7 +112,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
         start = time.perf_counter()
         if used == cfg.epochs:  # a fresh batch of responses
             prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
-            if not budget.allows(len(prompts) * cfg.group_size):
+            if not budget.allows(per_step):  # a run never exceeds --max-samples
                 say(f"--max-samples {cfg.max_samples} reached after {budget.samples} responses: stopping at step {step - 1}")
                 step -= 1
                 break
