@@ -15,9 +15,11 @@ import torch
 import yaml
 
 import eval as harness
+import llm_envs
 import eval.__main__ as cli
 from eval import kl, passk, plot, table
 from eval.cache import Cache, cache_key
+from llm_envs import Score
 from trainers.models import load_model as harness_load_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -185,6 +187,41 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
     monkeypatch.setattr("trainers.models.load_model", harness_load_model)
     with pytest.raises(AssertionError, match="generate called"):
         cli.main([*args, "--max-new-tokens", "7"])  # another decoding setting is another key
+
+
+def test_cached_generations_are_rescored_with_the_current_reward_code(tiny_model_dir, tmp_path, monkeypatch):
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [first] = cli.main(args)
+
+    def boom(*a, **k):
+        raise AssertionError("generate called despite a cached result")
+
+    monkeypatch.setattr("trainers.rollout.generate", boom)
+    # a reward fix: the cached texts are scored by the new code, without generating again
+    env_class = llm_envs.registry.env_class("Conciseness-v0")
+    monkeypatch.setattr(env_class, "score_completion", lambda self, text, example: Score(-len(text) - 0.5, False))
+    [second] = cli.main(args)
+    assert second["cached"] and second["correct_rate"] == 0.0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "Conciseness-v0.test.greedy.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [-len(r["completion"]) - 0.5 for r in rows]
+    assert second["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows)) != first["reward_mean"]
+    # no reward is stored in the cache at all
+    stored = [json.loads(f.read_text()) for f in (tmp_path / "cache").rglob("*.json")]
+    assert any("rows" in e for e in stored) and not any("reward" in row for e in stored for row in e.get("rows", []))
+
+
+def test_another_dtype_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [fp32] = cli.main(args)
+    assert (fp32["device"], fp32["dtype"]) == ("cpu", "float32")
+
+    def boom(*a, **k):
+        raise AssertionError("generate called")
+
+    monkeypatch.setattr("trainers.rollout.generate", boom)
+    assert cli.main([*args, "--dtype", "fp32"])[0]["cached"]  # the same dtype, spelled out: a hit
+    with pytest.raises(AssertionError, match="generate called"):
+        cli.main([*args, "--dtype", "bf16"])
 
 
 def test_cache_key_is_order_independent_and_cache_can_be_off(tmp_path):
