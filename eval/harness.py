@@ -50,7 +50,9 @@ class EvalConfig:
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature; None = 0 (greedy), or 1.0 with --samples > 1"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold"})
     seed: int = field(default=0, metadata={"help": "sampling seed"})
-    kl_to: str | None = field(default=None, metadata={"help": "base model for mean per-token KL (k3) on the sampled responses; 'base' = the run's base model"})
+    kl_to: str | None = field(default=None, metadata={"help": "base model for mean per-token KL (k3) on the sampled responses, both "
+                                                              "models at the sampling temperature (needs --temperature > 0 and "
+                                                              "--top-p 1); 'base' = the run's base model"})
     preset: str | None = field(default=None, metadata={"help": "conciseness = the paper's protocol: 20 samples at temperature 1, KL to the base", "choices": list(PRESETS)})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget; None = the env's"})
     batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
@@ -72,6 +74,11 @@ class EvalConfig:
         check(self.temperature >= 0, "temperature", "must be >= 0")
         check(self.samples == 1 or self.temperature > 0, "samples", "needs --temperature > 0 (greedy samples are identical)")
         check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        # k3 is unbiased only on tokens sampled from the distribution whose KL it estimates
+        check(not self.kl_to or self.temperature > 0, "kl_to", "needs sampled responses (--temperature > 0): "
+              "greedy responses are not samples, so k3 on them does not estimate KL")
+        check(not self.kl_to or self.top_p == 1, "kl_to", "needs --top-p 1: nucleus sampling draws from a truncated "
+              "distribution, on which k3 does not estimate KL to the base model")
         check(self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
@@ -191,10 +198,11 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
 
 def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any], gen_key: str, cfg: EvalConfig,
                cache: Cache) -> list[float]:
-    """Per-response mean k3 KL[model || base] of the entry's responses (cached)."""
+    """Per-response mean k3 KL[model || base] of the entry's responses, both models at the sampling
+    temperature (cached)."""
     from eval.kl import response_kl
 
-    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint)
+    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint, temperature=cfg.temperature)
     hit = cache.get(key)
     if hit is not None:
         return hit["kl"]
@@ -204,7 +212,8 @@ def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any
         lm, tokenizer = model.get()
         prompts = encode_prompts(tokenizer, [e.prompt for e in examples])  # rows are prompt-major
         kl = response_kl(lm, base.get()[0], [prompts[i // cfg.samples] for i in range(len(entry["rows"]))],
-                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0)
+                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0,
+                         cfg.temperature)
     cache.put(key, {"kl": kl})
     return kl
 
@@ -322,7 +331,9 @@ def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split
             "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
             "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
-            "kl_to": base.path if base else None, "fingerprint": model.fingerprint, **model.runtime,
+            "kl_to": base.path if base else None, "kl_estimator": "k3" if base else None,
+            "kl_temperature": cfg.temperature if base else None,  # both models' log-probs at the sampling temperature
+            "fingerprint": model.fingerprint, **model.runtime,
             "base_fingerprint": base.fingerprint if base else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

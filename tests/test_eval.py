@@ -149,6 +149,40 @@ def test_kl_of_a_model_against_itself_is_zero_and_positive_for_a_perturbed_copy(
     assert all(v > 0 for v in diff) and sum(diff) / len(diff) > 1e-4
 
 
+def test_kl_at_another_temperature_uses_the_tempered_distributions(tiny_model, tiny_tokenizer):
+    from trainers.generation import encode_prompts, generate
+
+    T = 0.7
+    prompts = [[{"role": "user", "content": q}] for q in ["What is the capital of France?", "Say 42."]]
+    out = generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=8, temperature=T, seed=1, num_return_sequences=2)
+    prompt_ids = [p for p in encode_prompts(tiny_tokenizer, prompts) for _ in range(2)]
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(3)))
+    got = kl.response_kl(other, tiny_model, prompt_ids, out.token_ids, batch_size=3,
+                         pad_id=tiny_tokenizer.pad_token_id, temperature=T)
+    # directly: unpadded forward passes, softmax(logits / T) of both models, k3 = r - log r - 1 per token
+    for value, p, c in zip(got, prompt_ids, out.token_ids):
+        with torch.no_grad():
+            lm = torch.log_softmax(other(torch.tensor([p + c])).logits[0].double() / T, -1)
+            lb = torch.log_softmax(tiny_model(torch.tensor([p + c])).logits[0].double() / T, -1)
+        log_r = torch.stack([lb[len(p) - 1 + i, t] - lm[len(p) - 1 + i, t] for i, t in enumerate(c)])
+        assert value == pytest.approx(float((log_r.exp() - log_r - 1).mean()), rel=1e-4, abs=1e-7)
+    at_one = kl.response_kl(other, tiny_model, prompt_ids, out.token_ids, pad_id=tiny_tokenizer.pad_token_id)
+    assert at_one != pytest.approx(got)  # the temperature is really applied
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kl-to", "base"], "--kl-to: needs sampled responses (--temperature > 0)"),  # greedy by default
+    (["--kl-to", "base", "--samples", "2", "--top-p", "0.9"], "--kl-to: needs --top-p 1"),
+])
+def test_kl_is_refused_where_k3_does_not_estimate_it(argv, message, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*ARGS, "--model", str(tiny_model_dir), "--cache", "off", *argv])
+    assert message in capsys.readouterr().err
+
+
 def test_token_logprobs_ignore_padding(tiny_model, sampled):
     prompts, completions = sampled
     batched = kl.completion_logprobs(tiny_model, prompts, completions, batch_size=6)
@@ -248,6 +282,7 @@ def test_run_dir_with_samples_pass_at_k_and_kl(tiny_model, tiny_tokenizer, tiny_
     assert es["hparams"] == {"alpha": 0.02, "sigma": 0.05} and es["temperature"] == 1.0
     assert set(es["pass@k"]) == {"1", "2", "3"} and es["pass@k"]["1"] <= es["pass@k"]["2"] <= es["pass@k"]["3"]
     assert es["kl_mean"] > 0 and es["file"].startswith(str(run / "eval"))
+    assert (es["kl_estimator"], es["kl_temperature"]) == ("k3", 1.0)
     [base] = cli.main([*ARGS, "--model", str(tiny_model_dir), "--samples", "3", "--kl-to", "base", "--limit", "4",
                        "--out", str(tmp_path / "base"), *cache])
     assert base["kl_mean"] == 0.0 and base["method"] == "Original"
