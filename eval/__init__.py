@@ -23,8 +23,11 @@ METHOD_ORDER: tuple[str, ...] = ("Original", "PPO", "GRPO (8)", "GRPO (30)", "GR
 #: Config keys that are a run's hyperparameters in Table 2 (first present name of each group).
 HPARAM_KEYS: tuple[tuple[str, ...], ...] = (("beta", "kl_coef", "kl_beta"), ("lr", "learning_rate"), ("alpha",),
                                             ("sigma",))
-#: Display names of model aliases.
-MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M-Instruct", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+#: Display names of model aliases. The default model is the Q4_1 GGUF of SmolLM2-135M-Instruct
+#: dequantised (``trainers.models``), not the hub's bf16 weights, and its numbers differ: the
+#: label says so, so that it is never mistaken for "HuggingFaceTB/SmolLM2-135M-Instruct".
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+MODEL_NAMES = {"smollm2-135m": DEFAULT_MODEL_LABEL, "smollm2-135m-instruct": DEFAULT_MODEL_LABEL}
 SUMMARY_SUFFIX = ".summary.json"
 
 

@@ -80,7 +80,7 @@ def test_table1_columns_bold_and_seed_means():
     [t1] = table.method_table(records)
     assert t1.header == ["Base model", "Original", "PPO", "GRPO (8)", "Dr.GRPO", "ES"]  # the paper's order
     smol = t1.rows[0]
-    assert smol[0] == "SmolLM2-135M-Instruct" and smol[-1] == "2.3"  # mean of seeds 2.1, 2.5; checkpoint ignored
+    assert smol[0] == "SmolLM2-135M-Instruct (Q4_1 GGUF)" and smol[-1] == "2.3"  # mean of seeds 2.1, 2.5; checkpoint ignored
     assert (0, 5) in t1.bold and (0, 1) not in t1.bold
     assert "13.0" not in t1.rows[1]  # the paper's GRPO-verl only with --paper
 
@@ -111,6 +111,11 @@ def test_run_dir_without_results_uses_its_log():
 ])
 def test_method_inferred_from_run_config(config, name, method):
     assert harness.infer_method(config, name) == method
+
+
+def test_the_default_model_is_labelled_as_what_it_is():
+    assert harness.model_name("smollm2-135m") == "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+    assert harness.model_name("HuggingFaceTB/SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"  # the hub's weights
 
 
 def test_table_cli(capsys, tmp_path):
@@ -331,4 +336,4 @@ def test_plots_are_written(tmp_path):
     for f in files:
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 10_000
     gains = plot.improvements(harness.load_results([str(RESULTS)]))
-    assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct"]["ES"] == pytest.approx(1.9)
+    assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct (Q4_1 GGUF)"]["ES"] == pytest.approx(1.9)
