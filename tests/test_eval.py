@@ -85,6 +85,30 @@ def test_table1_columns_bold_and_seed_means():
     assert "13.0" not in t1.rows[1]  # the paper's GRPO-verl only with --paper
 
 
+def test_table1_flags_cells_measured_differently():
+    common = dict(env="Countdown-v0", split="test", base_model="m", samples=1, temperature=0.0, iteration=None)
+    records = [dict(common, method="Original", **{"pass@1": 0.50}, n=8, max_new_tokens=48),
+               dict(common, method="ES", **{"pass@1": 0.75}, n=8, max_new_tokens=48),
+               dict(common, method="GRPO (8)", **{"pass@1": 0.90}, n=8, max_new_tokens=48, source="log"),
+               dict(common, method="PPO", **{"pass@1": 0.95}, n=4, max_new_tokens=32)]
+    [t1] = table.method_table(records)
+    assert t1.header == ["Base model", "Original", "PPO", "GRPO (8)", "ES"]
+    assert t1.rows == [["m", "50.0", "95.0†‡", "90.0§", "75.0"]]
+    assert t1.bold == {(0, 4)}  # the best comparable cell: ES, not the flagged PPO or GRPO
+    assert any(n.startswith("† ") and "(8)" in n and "m PPO: 4" in n for n in t1.notes)
+    assert any(n.startswith("‡ ") and "(48)" in n and "m PPO: 32" in n for n in t1.notes)
+    assert any(n.startswith("§ ") and "(eval harness)" in n and "m GRPO (8): trainer log" in n for n in t1.notes)
+    # the same settings everywhere: nothing flagged
+    [same] = table.method_table([dict(r, n=8, max_new_tokens=48, source=None) for r in records])
+    assert same.rows == [["m", "50.0", "95.0", "90.0", "75.0"]] and same.bold == {(0, 2)}
+
+
+def test_trainer_log_records_carry_their_settings():
+    records = harness.load_results([str(RUN)])  # a run from before eval_n was logged
+    budget = llm_envs.registry.env_class("Conciseness-v0").max_new_tokens
+    assert [(r["source"], r["n"], r["max_new_tokens"]) for r in records] == [("log", None, budget)] * 2
+
+
 def test_table2_flags_reward_hacking():
     records = harness.load_results([str(RESULTS / "conciseness.summary.json")])
     [t2] = table.conciseness_table(records)

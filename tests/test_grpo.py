@@ -194,6 +194,7 @@ def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
     assert all(b["tokens"] > a["tokens"] for a, b in zip(train, train[1:]))  # cumulative tokens
     assert train[0]["kl"] == 0.0 and train[-1]["kl"] > 0
     assert {r["iteration"] for r in log if "eval_pass@1" in r} == {0, 4, 8}
+    assert {r["eval_n"] for r in log if "eval_pass@1" in r} == {4}  # Letter-v0's test split, for Table 1
     assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()
 
 

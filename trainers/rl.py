@@ -101,7 +101,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
         evaluated.add(step)
         scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
                           cfg.eval_limit)
-        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}, step)
+        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
+                 "eval_n": scores["n"]}, step)
         say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
 
     if done == 0:
