@@ -169,6 +169,14 @@ def test_gradient_accumulation_and_checkpointing_give_the_full_batch_gradient(ti
         assert torch.allclose(full[name], checkpointed[name], atol=1e-6), name
 
 
+def test_the_reference_model_is_bf16_on_cuda_and_fp32_on_cpu(tiny_model_dir):
+    assert policy.reference_dtype(torch.device("cuda")) == torch.bfloat16
+    assert policy.reference_dtype(torch.device("cuda:1")) == torch.bfloat16
+    assert policy.reference_dtype(torch.device("cpu")) == torch.float32
+    ref = policy.load_reference(str(tiny_model_dir), "cpu")
+    assert {p.dtype for p in ref.parameters()} == {torch.float32} and not any(p.requires_grad for p in ref.parameters())
+
+
 def test_budget():
     b = Budget(max_samples=70)
     assert b.allows(32)
