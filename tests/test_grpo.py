@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import llm_envs
-from trainers import grpo, policy, rl, sweep
+from trainers import grpo, policy, ppo, rl, sweep
 from trainers.budget import Budget
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
 from trainers.logprobs import pad, token_logprobs
@@ -235,6 +235,31 @@ def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_di
     assert [r["iteration"] for r in train] == [1, 2, 3, 4]  # step 3 (lost with the kill) redone once
     assert [r["samples"] for r in train] == [8, 16, 24, 32]
     assert (out / "final" / "model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("trainer, epochs", [("grpo", 1), ("grpo", 2), ("ppo", 2)])
+def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(trainer, epochs, tmp_path,
+                                                                                 tiny_model_dir, kill_on_call):
+    from safetensors.torch import load_file
+
+    module = {"grpo": grpo, "ppo": ppo}[trainer]
+    # epochs 2: batches are sampled at steps 1, 3 and 5, and the checkpoint of step 3 falls between
+    # the two optimizer steps on the second batch; the kill comes when step 5 samples.
+    steps, every = (5, 3) if epochs == 2 else (3, 2)
+    args = lambda out: ["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--steps", str(steps),  # noqa: E731
+                        "--epochs", str(epochs), "--checkpoint-every", str(every), "--batch-size", "2",
+                        "--group-size", "4", "--lr", "1e-2", "--eval-every", "0", "--beta", "0.01"]
+    module.main(args(tmp_path / "whole"))
+    with kill_on_call(rl, "sample", 3):
+        module.main(args(tmp_path / "killed"))
+    ckpt = tmp_path / "killed" / "checkpoints" / f"{every:06d}"
+    assert (ckpt / "batch.pt").is_file() == (epochs == 2)  # a batch still in use is saved
+    module.main(["--resume", str(tmp_path / "killed")])
+    whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    log = lambda out: [{k: v for k, v in r.items() if k != "seconds"} for r in log_of(out)]  # noqa: E731
+    assert log(tmp_path / "whole") == log(tmp_path / "killed")
 
 
 def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):

@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers.budget import Budget
-from trainers.checkpoints import latest_checkpoint, restore_trainer, save_checkpoint
+from trainers.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
 from trainers.config import ConfigError, TrainConfig, check, make_env, to_dict
 from trainers.models import save_model
 from trainers.policy import load_policy, load_reference, make_optimizer
@@ -85,9 +85,17 @@ def train(cfg: RLConfig, algorithm) -> Path:
     algo = algorithm(cfg, model, tokenizer, ref)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
+    # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
+    # takes several steps on one batch; a checkpoint between them saves the batch, so a resumed
+    # run continues on exactly the same batch, old log-probs included).
+    buffer, used = None, cfg.epochs
     if cfg.resume:
         if ckpt:
             restore_trainer(run, done, optimizer, algo.modules)
+            saved = load_batch(run, done, next(model.parameters()).device)
+            if saved is not None:
+                buffer, used = saved["buffer"], saved["used"]
+                samples = buffer.samples
         run.truncate_log(done if ckpt else -1)
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
@@ -107,7 +115,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
 
     if done == 0:
         held_out(0)
-    step, buffer, used = done, None, cfg.epochs
+    step = done
     bar = tqdm(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, dynamic_ncols=True)
     for step in bar:
         start = time.perf_counter()
@@ -134,7 +142,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
             held_out(step)
         if step % cfg.checkpoint_every == 0:
             save_checkpoint(run, model, tokenizer, step, {"iteration": step, "samples": budget.samples,
-                                                          "tokens": budget.tokens}, optimizer, algo.modules)
+                                                          "tokens": budget.tokens}, optimizer, algo.modules,
+                            batch={"buffer": buffer, "used": used} if used < cfg.epochs else None)
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
     bar.close()
     if step > done and step not in evaluated:
