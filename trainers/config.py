@@ -149,14 +149,19 @@ def env_kwargs(env_args: str | None) -> dict[str, Any]:
     return args
 
 
-def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, **extra: Any) -> llm_envs.TaskEnv:
-    """Build ``env_id`` with the options of ``--env-args`` (a JSON string or a dict) and ``extra``.
-    An option the environment rejects (an unknown name, a bad value) is a ``ConfigError`` naming
-    ``--env-args``; a bad data file stays a ``DataError`` (its message names the file). Call it
-    before creating any run directory, so that a typo costs nothing."""
+def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, splits: tuple[str, ...] = (),
+             **extra: Any) -> llm_envs.TaskEnv:
+    """Build ``env_id`` with the options of ``--env-args`` (a JSON string or a dict) and ``extra``,
+    and its ``splits`` (options some environments check only then). An option the environment
+    rejects (an unknown name, a bad value) is a ``ConfigError`` naming ``--env-args``; a bad data
+    file stays a ``DataError`` (its message names the file). Call it before creating any run
+    directory, so that a typo costs nothing."""
     options = env_kwargs(env_args) if not isinstance(env_args, dict) else env_args
     try:
-        return llm_envs.make(env_id, **options, **extra)
+        env = llm_envs.make(env_id, **options, **extra)
+        for split in splits:
+            env.examples(split)
+        return env
     except llm_envs.UnknownEnvError as exc:
         raise ConfigError(f"--env: {exc}") from None
     except llm_envs.DataError:
@@ -190,6 +195,9 @@ class TrainConfig:
     max_samples: int | None = field(default=None, metadata={"help": "sample budget: generated training responses a run never exceeds "
                                                                    "(an iteration or step starts only if it fits)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
+    val_size: int | None = field(default=None, metadata={"help": "move K training examples (a fixed choice) into a "
+                                                                 "'validation' split and train on the rest; "
+                                                                 "--eval-split validation evaluates there"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: score in-process)"})
 
@@ -201,6 +209,7 @@ class TrainConfig:
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
+        check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
 

@@ -34,11 +34,12 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, lowrank, noise
-from trainers.config import ConfigError, TrainConfig, check, make_env, resolve_config, run_main, to_dict
+from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
 from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
+from trainers.splits import training_env
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -290,7 +291,7 @@ def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, 
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
-    env = make_env(cfg.env, cfg.env_args)  # bad options end here, before any run directory exists
+    env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))

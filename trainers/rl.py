@@ -18,12 +18,13 @@ from tqdm import tqdm
 import llm_envs
 from trainers.budget import Budget
 from trainers.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
-from trainers.config import ConfigError, TrainConfig, check, make_env, to_dict
+from trainers.config import ConfigError, TrainConfig, check, to_dict
 from trainers.models import save_model
 from trainers.policy import load_policy, load_reference, make_optimizer
 from trainers.rollout import batch_for, evaluate
 from trainers.run_dir import RunDir, summarize
 from trainers.sampling import sample, step_seed
+from trainers.splits import training_env
 
 
 @dataclass
@@ -64,7 +65,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     optimizer step each); log, evaluate, checkpoint; save the final model."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
-    env = make_env(cfg.env, cfg.env_args)  # bad options end here, before any run directory exists
+    env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_step = min(cfg.batch_size, len(train_examples)) * cfg.group_size  # responses one sampled batch generates
