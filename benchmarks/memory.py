@@ -13,7 +13,9 @@ any model was loaded: weights, reference model, gradients, optimizer state, acti
   batch, restore; then the in-place update), with population N = group size G, so both
   algorithms generate the same number of responses per step;
 - GRPO: ``trainers.grpo`` (G samples per prompt, reference log-probs, one AdamW step, beta 1e-3);
-- PPO: ``trainers.ppo`` (the same with the value head, G responses per prompt).
+- PPO: ``trainers.ppo`` (the same, plus its separate critic: a second trainable copy of the model's
+  trunk with a value head, and its AdamW state; ``--shared-critic`` measures the value head on the
+  policy's trunk instead), G responses per prompt.
 
 On CPU the peak is the process's peak resident set (VmHWM, reset through /proc/self/clear_refs;
 where that is not possible, RSS sampled every millisecond by a thread); on CUDA it is
@@ -108,7 +110,8 @@ def child(args) -> dict:
         Config, Algo = (GRPOConfig, GRPO) if args.child == "grpo" else (PPOConfig, PPO)
         cfg = Config(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
                      max_new_tokens=args.max_new_tokens, gen_batch_size=args.gen_batch_size, score_workers=0,
-                     device=args.device, gradient_checkpointing=args.gradient_checkpointing)
+                     device=args.device, gradient_checkpointing=args.gradient_checkpointing,
+                     **({"shared_critic": args.shared_critic} if args.child == "ppo" else {}))
         cfg.validate()
         model, tokenizer = policy.load_policy(args.model, args.device, cfg.gradient_checkpointing)
         ref = policy.load_reference(args.model, args.device)
@@ -159,6 +162,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=48, help="generation budget (default 48)")
     parser.add_argument("--gen-batch-size", type=int, default=32, help="sequences per generate() call")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="for the RL steps")
+    parser.add_argument("--shared-critic", action="store_true", help="PPO: the value head on the policy's trunk "
+                                                                     "(default: a separate critic model)")
     parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
     parser.add_argument("--json", help="also write the results to this file")
     parser.add_argument("--child", choices=ALGORITHMS, help=argparse.SUPPRESS)
@@ -171,7 +176,8 @@ def main(argv: list[str] | None = None) -> None:
     passthrough = ["--model", args.model, "--env", args.env, "--prompts", str(args.prompts), "--group-size",
                    str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--gen-batch-size",
                    str(args.gen_batch_size), *(["--device", args.device] if args.device else []),
-                   *(["--gradient-checkpointing"] if args.gradient_checkpointing else [])]
+                   *(["--gradient-checkpointing"] if args.gradient_checkpointing else []),
+                   *(["--shared-critic"] if args.shared_critic else [])]
     for algo in ALGORITHMS:
         print(f"measuring {algo} in a fresh process ...", file=sys.stderr, flush=True)
         proc = subprocess.run([sys.executable, "-m", "benchmarks.memory", *passthrough, "--child", algo],

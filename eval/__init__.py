@@ -23,8 +23,11 @@ METHOD_ORDER: tuple[str, ...] = ("Original", "PPO", "GRPO (8)", "GRPO (30)", "GR
 #: Config keys that are a run's hyperparameters in Table 2 (first present name of each group).
 HPARAM_KEYS: tuple[tuple[str, ...], ...] = (("beta", "kl_coef", "kl_beta"), ("lr", "learning_rate"), ("alpha",),
                                             ("sigma",))
-#: Display names of model aliases.
-MODEL_NAMES = {"smollm2-135m": "SmolLM2-135M-Instruct", "smollm2-135m-instruct": "SmolLM2-135M-Instruct"}
+#: Display names of model aliases. The default model is the Q4_1 GGUF of SmolLM2-135M-Instruct
+#: dequantised (``trainers.models``), not the hub's bf16 weights, and its numbers differ: the
+#: label says so, so that it is never mistaken for "HuggingFaceTB/SmolLM2-135M-Instruct".
+DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+MODEL_NAMES = {"smollm2-135m": DEFAULT_MODEL_LABEL, "smollm2-135m-instruct": DEFAULT_MODEL_LABEL}
 SUMMARY_SUFFIX = ".summary.json"
 
 
@@ -74,9 +77,10 @@ def canonical_method(name: str, config: dict[str, Any] | None = None) -> str | N
 
 
 def infer_method(config: dict[str, Any], run_name: str = "") -> str:
-    """The method of a trainer run from its config.yaml (explicit name, RL loss type, ES
-    hyperparameters), else from the run directory's name (``es-...``, ``grpo-...``)."""
-    for key in ("method", "algorithm", "trainer", "loss_type", "loss"):
+    """The method of a trainer run from its config.yaml: the ``algorithm`` every trainer here
+    records, else another explicit name, RL loss type or ES hyperparameters (runs of other
+    code), else the run directory's name (``es-...``, ``grpo-...``)."""
+    for key in ("algorithm", "method", "trainer", "loss_type", "loss"):
         value = config.get(key)
         if isinstance(value, str) and canonical_method(value, config):
             return canonical_method(value, config)
@@ -194,20 +198,33 @@ def records_from_log(run: Path) -> list[dict[str, Any]]:
         return []
     method = infer_method(config, run.name)
     common = dict(env=config.get("env", "?"), split=config.get("eval_split", "test"), base_model=str(config.get("model", "?")),
-                  samples=1, temperature=0.0, n=config.get("eval_limit"), source="log", file=str(run / "log.jsonl"))
+                  samples=1, temperature=0.0, max_new_tokens=_generation_budget(config), source="log",
+                  file=str(run / "log.jsonl"))
     out = []
     if evals[0].get("iteration") == 0:
         out.append(dict(common, method="Original", model=str(config.get("model", "?")), run=None, iteration=None,
-                        **_log_scores(evals[0])))
+                        **_log_scores(evals[0], config)))
     last = evals[-1]
     if last.get("iteration", 0) > 0:
         done = last["iteration"] >= (config.get("iterations") or 0) and (run / "final").is_dir()
         out.append(dict(common, method=method, model=str(run / "final"), run=str(run), seed=config.get("seed"),
                         iteration=None if done else last["iteration"], hparams=hparams_of(config, method),
-                        **_log_scores(last)))
+                        **_log_scores(last, config)))
     return out
 
 
-def _log_scores(record: dict[str, Any]) -> dict[str, Any]:
+def _log_scores(record: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     return {"pass@1": record["eval_pass@1"], "correct_rate": record["eval_pass@1"],
-            "reward_mean": record.get("eval_reward")}
+            "reward_mean": record.get("eval_reward"), "n": record.get("eval_n", config.get("eval_limit"))}
+
+
+def _generation_budget(config: dict[str, Any]) -> int | None:
+    """A run's max_new_tokens: its config's, else (older runs wrote null) its env's default."""
+    if config.get("max_new_tokens"):
+        return config["max_new_tokens"]
+    import llm_envs
+
+    try:
+        return llm_envs.registry.env_class(str(config.get("env"))).max_new_tokens
+    except llm_envs.UnknownEnvError:
+        return None

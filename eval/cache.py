@@ -1,9 +1,10 @@
-"""A content-addressed cache of evaluation results, so re-running a table does not regenerate.
+"""A content-addressed cache of evaluation generations, so re-running a table does not regenerate.
 
-An entry is keyed by a hash of everything that determines it: the model's weight fingerprint,
-the environment (id, options, hash of any data file), the split and the decoding settings
-(``max_new_tokens``, samples, temperature, top_p, seed, ...). Entries are JSON files written
-atomically. Location: ``--cache DIR``, else ``$LLM_ENVS_EVAL_CACHE``, else
+An entry is keyed by a hash of everything that determines it: the model's weight fingerprint, the
+device type and dtype it runs in, the environment (id, options, hash of any data file), the split
+and the decoding settings (``max_new_tokens``, samples, temperature, top_p, seed, ...). It holds
+generated text and token ids, never rewards: the harness scores them on every read, so a change to
+an environment's reward code takes effect at once. Entries are JSON files written atomically. Location: ``--cache DIR``, else ``$LLM_ENVS_EVAL_CACHE``, else
 ``$LLM_ENVS_CACHE/eval`` (default ``~/.cache/llm_envs/eval``).
 """
 
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 #: Bump when the harness changes what an entry holds or how it is computed.
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: generations only (1 held rewards); dtype and device type in the key
 CACHE_ENV = "LLM_ENVS_EVAL_CACHE"
 
 

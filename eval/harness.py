@@ -10,7 +10,9 @@ same model, split and ``max_new_tokens``. An environment's default splits are it
 Writes OUT/ENV.SPLIT.TAG.jsonl (one line per response: prompt id, sample, completion, reward,
 correct, ...) and OUT/ENV.SPLIT.TAG.summary.json (what ``python -m eval.table`` reads); OUT
 defaults to RUN/eval for a trainer run, else runs/eval/MODEL. Results are cached by model
-fingerprint, environment, examples, split and decoding settings (see ``eval.cache``).
+fingerprint, weight dtype and device type, environment, examples, split and decoding settings
+(see ``eval.cache``): the cache holds the generations only, and every run scores them afresh with
+the environment's current scorer, so a fixed reward function is never served stale rewards.
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
-from trainers.config import ConfigError, check, env_kwargs
+from trainers.config import ConfigError, check, env_kwargs, make_env
 from trainers.generation import encode_prompts
-from trainers.models import model_fingerprint
+from trainers.models import model_fingerprint, resolve_device, resolve_dtype
 from trainers.rollout import eval_examples, rollout
 
 #: Decoding presets: the paper's conciseness protocol (20 samples per prompt, KL to the base).
@@ -48,7 +50,9 @@ class EvalConfig:
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature; None = 0 (greedy), or 1.0 with --samples > 1"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold"})
     seed: int = field(default=0, metadata={"help": "sampling seed"})
-    kl_to: str | None = field(default=None, metadata={"help": "base model for mean per-token KL (k3) on the sampled responses; 'base' = the run's base model"})
+    kl_to: str | None = field(default=None, metadata={"help": "base model for mean per-token KL (k3) on the sampled responses, both "
+                                                              "models at the sampling temperature (needs --temperature > 0 and "
+                                                              "--top-p 1); 'base' = the run's base model"})
     preset: str | None = field(default=None, metadata={"help": "conciseness = the paper's protocol: 20 samples at temperature 1, KL to the base", "choices": list(PRESETS)})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget; None = the env's"})
     batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
@@ -56,6 +60,7 @@ class EvalConfig:
     label: str | None = field(default=None, metadata={"help": "method label in tables and plots; None = inferred from the run's config"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
+    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 / fp16 weights; None = fp32 on CPU, bf16 on CUDA"})
     cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers); None = the env's"})
 
@@ -69,6 +74,11 @@ class EvalConfig:
         check(self.temperature >= 0, "temperature", "must be >= 0")
         check(self.samples == 1 or self.temperature > 0, "samples", "needs --temperature > 0 (greedy samples are identical)")
         check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        # k3 is unbiased only on tokens sampled from the distribution whose KL it estimates
+        check(not self.kl_to or self.temperature > 0, "kl_to", "needs sampled responses (--temperature > 0): "
+              "greedy responses are not samples, so k3 on them does not estimate KL")
+        check(not self.kl_to or self.top_p == 1, "kl_to", "needs --top-p 1: nucleus sampling draws from a truncated "
+              "distribution, on which k3 does not estimate KL to the base model")
         check(self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
@@ -83,28 +93,39 @@ class EvalConfig:
 
 
 class LazyModel:
-    """A model loaded on first use; its fingerprint is remembered per weight files, so a fully
-    cached evaluation of a local model never loads it."""
+    """A model loaded on first use, on ``device`` in ``dtype`` (resolved at once, so they are part
+    of cache keys); its fingerprint is remembered per weight files and dtype, so a fully cached
+    evaluation of a local model never loads it."""
 
-    def __init__(self, path: str, device: str | None, cache: Cache):
-        self.path, self.device, self.cache = path, device, cache
+    def __init__(self, path: str, device: str | None, cache: Cache, dtype: str | None = None):
+        self.path, self.cache = path, cache
+        try:
+            self.device = resolve_device(device)
+            self.dtype = resolve_dtype(dtype, self.device)
+        except ValueError as exc:  # an unavailable device, an unknown dtype
+            raise ConfigError(str(exc)) from None
         self._loaded: tuple[Any, Any] | None = None
         self._fingerprint: str | None = None
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        """What besides the weights changes the generated text: the device type and the dtype."""
+        return {"device": self.device.type, "dtype": str(self.dtype).removeprefix("torch.")}
 
     def get(self) -> tuple[Any, Any]:
         if self._loaded is None:
             from trainers.models import load_model
 
             try:
-                self._loaded = load_model(self.path, device=self.device)
-            except ValueError as exc:  # a malformed name or an unavailable device
+                self._loaded = load_model(self.path, device=self.device, dtype=self.dtype)
+            except ValueError as exc:  # a malformed name
                 raise ConfigError(f"model {self.path!r}: {exc}") from None
         return self._loaded
 
     @property
     def fingerprint(self) -> str:
         if self._fingerprint is None:
-            stamp = _weights_stamp(self.path)
+            stamp = _weights_stamp(self.path, self.runtime["dtype"])
             known = self.cache.get(stamp) if stamp else None
             if known:
                 self._fingerprint = known["fingerprint"]
@@ -115,15 +136,16 @@ class LazyModel:
         return self._fingerprint
 
 
-def _weights_stamp(path: str) -> str | None:
-    """A cache key of a local model directory's files (names, sizes, mtimes); None otherwise."""
+def _weights_stamp(path: str, dtype: str) -> str | None:
+    """A cache key of a local model directory's files (names, sizes, mtimes) loaded in ``dtype``
+    (the fingerprint hashes the loaded tensors); None for a model that is not a local directory."""
     from trainers.models import ALIASES, cache_dir
 
     directory = cache_dir() / ALIASES[path.lower()] if path.lower() in ALIASES else Path(path).expanduser()
     if not directory.is_dir():
         return None
     files = sorted(p for p in directory.iterdir() if p.is_file())
-    return cache_key(kind="weights", path=str(directory.resolve()),
+    return cache_key(kind="weights", path=str(directory.resolve()), dtype=dtype,
                      files=[(p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in files])
 
 
@@ -138,35 +160,49 @@ def examples_hash(examples) -> str:
 
 def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: str, env_args: dict, examples,
                        cfg: EvalConfig, cache: Cache, split: str) -> tuple[dict[str, Any], str, bool]:
-    """Responses, rewards and verdicts of ``examples`` (cached): (entry, cache key, was cached)."""
+    """Responses of ``examples`` and their scores: (entry, cache key, were the responses cached).
+
+    The cache holds generations only (texts, token ids, counts), keyed by everything that
+    determines them: weights, device type and dtype, environment, examples and decoding. Rewards
+    and verdicts are computed by ``scorer`` on every call, cached or not (scoring costs a few % of
+    generating), so results always reflect the environment's current reward code."""
     sampling = cfg.temperature > 0
     decoding = dict(max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, temperature=cfg.temperature,
                     top_p=cfg.top_p if sampling else 1.0, seed=cfg.seed if sampling else None,
                     batch_size=cfg.batch_size if sampling else None)  # sampled text depends on the batch size
-    key = cache_key(kind="generate", model=model.fingerprint, env=env_id, env_args=env_args, split=split,
-                    data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples), decoding=decoding)
+    key = cache_key(kind="generate", model=model.fingerprint, runtime=model.runtime, env=env_id, env_args=env_args,
+                    split=split, data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples),
+                    decoding=decoding)
     entry = cache.get(key)
-    if entry is not None:
-        return entry, key, True
-    lm, tokenizer = model.get()
-    r = rollout(lm, tokenizer, scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
-                cfg.seed if sampling else None, cfg.samples, cfg.top_p, progress=True)
-    out = r.generation
-    rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, reward=s.reward, correct=bool(s.correct),
-                 parts=s.parts, error=s.error, tokens=n, finished=done, token_ids=ids)
-            for j, (e, text, s, n, done, ids) in enumerate(zip(r.examples, out.texts, r.scores, out.num_tokens,
-                                                                out.finished, out.token_ids))]
-    entry = {"rows": rows, "seconds": out.seconds, "tokens": out.total_tokens, "decoding": decoding}
-    cache.put(key, entry)
-    return entry, key, False
+    cached = entry is not None
+    if cached:
+        per_completion = [e for e in examples for _ in range(cfg.samples)]
+        scores = scorer.score_batch([r["completion"] for r in entry["rows"]], per_completion)
+    else:
+        lm, tokenizer = model.get()
+        r = rollout(lm, tokenizer, scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
+                    cfg.seed if sampling else None, cfg.samples, cfg.top_p, progress=True)
+        out = r.generation
+        rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done, token_ids=ids)
+                for j, (e, text, n, done, ids) in enumerate(zip(r.examples, out.texts, out.num_tokens, out.finished,
+                                                                 out.token_ids))]
+        entry = {"rows": rows, "seconds": out.seconds, "tokens": out.total_tokens, "decoding": decoding,
+                 "runtime": model.runtime}
+        cache.put(key, entry)
+        scores = r.scores
+    rows = [{"id": row["id"], "sample": row["sample"], "completion": row["completion"], "reward": s.reward,
+             "correct": bool(s.correct), "parts": s.parts, "error": s.error, **row}
+            for row, s in zip(entry["rows"], scores)]
+    return {**entry, "rows": rows}, key, cached
 
 
 def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any], gen_key: str, cfg: EvalConfig,
                cache: Cache) -> list[float]:
-    """Per-response mean k3 KL[model || base] of the entry's responses (cached)."""
+    """Per-response mean k3 KL[model || base] of the entry's responses, both models at the sampling
+    temperature (cached)."""
     from eval.kl import response_kl
 
-    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint)
+    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint, temperature=cfg.temperature)
     hit = cache.get(key)
     if hit is not None:
         return hit["kl"]
@@ -176,7 +212,8 @@ def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any
         lm, tokenizer = model.get()
         prompts = encode_prompts(tokenizer, [e.prompt for e in examples])  # rows are prompt-major
         kl = response_kl(lm, base.get()[0], [prompts[i // cfg.samples] for i in range(len(entry["rows"]))],
-                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0)
+                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0,
+                         cfg.temperature)
     cache.put(key, {"kl": kl})
     return kl
 
@@ -211,18 +248,15 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"--env: {exc}") from None
     env_args = env_kwargs(cfg.env_args)
     splits = _splits(cfg, env_id)
-    try:
-        env = llm_envs.make(env_id, **env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
-    except TypeError as exc:
-        raise ConfigError(f"--env-args: {exc}") from None
+    env = make_env(env_id, env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")
-    model = LazyModel(spec.path, cfg.device, cache)
+    model = LazyModel(spec.path, cfg.device, cache, cfg.dtype)
     base = None
     if cfg.kl_to:
         base_path = spec.base_model if cfg.kl_to == "base" else cfg.kl_to
-        base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache)
+        base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache, cfg.dtype)
     out_dir = Path(cfg.out) if cfg.out else _default_out(spec)
     summaries = []
     try:
@@ -297,7 +331,9 @@ def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split
             "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
             "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
-            "kl_to": base.path if base else None, "fingerprint": model.fingerprint,
+            "kl_to": base.path if base else None, "kl_estimator": "k3" if base else None,
+            "kl_temperature": cfg.temperature if base else None,  # both models' log-probs at the sampling temperature
+            "fingerprint": model.fingerprint, **model.runtime,
             "base_fingerprint": base.fingerprint if base else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +27,11 @@ from eval import paper as paper_data
 #: below this fraction of the base model's (judged only where the base model was measured too).
 HACK_CORRECT_RATIO = 0.5
 DASH = "–"
+#: What Table 1's cells must share to be compared: (record key, footnote marker, what it is). A
+#: cell measured otherwise than most of its table carries the marker, a note says how, and it is
+#: never bold.
+COMPARABLE = (("n", "†", "number of held-out prompts (n)"), ("max_new_tokens", "‡", "max_new_tokens"),
+              ("source", "§", "source"))
 
 
 @dataclass
@@ -86,17 +92,48 @@ def _bold_best(table: Table, row: int, cols: list[int], values: list[float | Non
 # ----- Table 1 ---------------------------------------------------------------------------------------
 
 
+def setting(record: dict[str, Any], key: str) -> Any:
+    """How ``record`` was measured, for one of the COMPARABLE keys (None: not recorded)."""
+    if key == "source":
+        return "trainer log" if record.get("source") == "log" else "eval harness"
+    return record.get(key)
+
+
+def flag_differences(cells: dict[tuple[str, str], list[dict[str, Any]]]) -> tuple[dict[tuple[str, str], str], list[str]]:
+    """Markers for the cells (base model, method) -> records of a table that were measured
+    differently from most cells (another n, max_new_tokens or source), and the notes saying how."""
+    marks = {cell: "" for cell in cells}
+    notes = []
+    for key, mark, what in COMPARABLE:
+        values = {cell: {setting(r, key) for r in rs} for cell, rs in cells.items()}
+        counts = Counter(v for vs in values.values() for v in vs)
+        if len(counts) < 2:
+            continue
+        usual = counts.most_common(1)[0][0]  # ties: the first seen
+        odd = [cell for cell, vs in values.items() if vs != {usual}]
+        for cell in odd:
+            marks[cell] += mark
+        text = lambda v: "?" if v is None else str(v)  # noqa: E731
+        detail = "; ".join(f"{base} {method}: {', '.join(sorted(map(text, values[(base, method)])))}" for base, method in odd)
+        notes.append(f"{mark} Measured with another {what} than the other cells ({text(usual)}): {detail}. "
+                     f"Not comparable as is, never bold.")
+    return marks, notes
+
+
 def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Table]:
     """Table 1 per (env, split): rows are base models, columns Original then each method
-    present (greedy pass@1 in %, mean over seeds); the best of each row in bold. An env measured
-    on several splits gets the split table instead."""
+    present (greedy pass@1 in %, mean over seeds); the best of each row in bold. Cells measured
+    on another number of prompts, with another max_new_tokens or from another source (a trainer
+    log) than the rest of the table are flagged (see COMPARABLE). An env measured on several
+    splits gets the split table instead."""
     tables = []
     greedy = [r for r in records if is_greedy(r)]
     multi = {env for (env,), rs in group_by(greedy, ("env",)).items() if len({r["split"] for r in rs}) > 1}
     for (env, split), group in group_by([r for r in greedy if r["env"] not in multi], ("env", "split")).items():
-        cells: dict[tuple[str, str], list[float]] = {}
-        for (base, method), rs in group_by(group, ("base_model", "method")).items():
-            cells[(model_name(str(base)), method)] = [100 * r["pass@1"] for r in finals(rs)]
+        measured = {(model_name(str(base)), method): finals(rs)
+                    for (base, method), rs in group_by(group, ("base_model", "method")).items()}
+        cells = {cell: [100 * r["pass@1"] for r in rs] for cell, rs in measured.items()}
+        marks, flag_notes = flag_differences(measured)
         published = paper_data.ACCURACY.get(env, {}) if paper else {}
         methods = order_methods([m for _, m in cells] + [m for row in published.values() for m in row])
         table = Table(f"Table 1: {env} ({split}), accuracy (%), greedy pass@1", ["Base model", *methods])
@@ -104,8 +141,11 @@ def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Tab
         rows = [(b, {m: _mean(cells[(b, m)]) for m in methods if (b, m) in cells}) for b in bases]
         rows += [(f"{b} (paper)", row) for b, row in published.items()]
         for i, (base, values) in enumerate(rows):
-            table.rows.append([base, *(f"{values[m]:.1f}" if m in values else DASH for m in methods)])
-            _bold_best(table, i, list(range(1, len(methods) + 1)), [values.get(m) for m in methods])
+            table.rows.append([base, *(f"{values[m]:.1f}{marks.get((base, m), '')}" if m in values else DASH
+                                       for m in methods)])
+            _bold_best(table, i, list(range(1, len(methods) + 1)),
+                       [None if marks.get((base, m)) else values.get(m) for m in methods])
+        table.notes += flag_notes
         if any(r.get("source") == "log" for r in group):
             table.notes.append("Some numbers come from trainer logs (held-out greedy pass@1 measured during training).")
         if any(len(v) > 1 for v in cells.values()):
@@ -215,7 +255,8 @@ def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> lis
                                    f"{km:.3f} ± {ks:.3f}{star}", DASH, "yes" if hack else DASH])
             table.notes.append("(paper): Qiu et al., Table 2 (Qwen2.5-7B-Instruct, 4 seeds).")
         table.notes.append(("Reward normalised to [0, 1] (0 = -2000 characters). " if normalised else "")
-                           + "± = std across seeds; KL = mean per-token k3 KL to the base model on sampled responses. "
+                           + "± = std across seeds; KL = mean per-token k3 KL to the base model on sampled responses "
+                           "(both models at the sampling temperature). "
                            f"* = reward hacking: reward above the base model's while the correct rate falls below "
                            f"{HACK_CORRECT_RATIO:g}x the base model's (? = base model not measured).")
         tables.append(table)
@@ -238,7 +279,8 @@ def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False
 
 
 _LATEX = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_", "{": r"\{",
-          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", DASH: "--", "*": r"$^{*}$"}
+          "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}", "±": r"$\pm$", DASH: "--", "*": r"$^{*}$",
+          "†": r"$^{\dagger}$", "‡": r"$^{\ddagger}$", "§": r"$^{\S}$"}
 
 
 def _latex_escape(text: str) -> str:

@@ -244,3 +244,4 @@ def test_max_samples_is_never_exceeded(noise_mode, tmp_path, tiny_model_dir, cap
     with pytest.raises(SystemExit):
         es.main(run_args(tiny_model_dir, tmp_path / "none", "--max-samples", "7", *NOISE[noise_mode]))
     assert "--max-samples 7 is less than one iteration: N=4 x 2 prompts = 8 responses" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()

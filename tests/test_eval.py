@@ -15,9 +15,11 @@ import torch
 import yaml
 
 import eval as harness
+import llm_envs
 import eval.__main__ as cli
 from eval import kl, passk, plot, table
 from eval.cache import Cache, cache_key
+from llm_envs import Score
 from trainers.models import load_model as harness_load_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
@@ -78,9 +80,33 @@ def test_table1_columns_bold_and_seed_means():
     [t1] = table.method_table(records)
     assert t1.header == ["Base model", "Original", "PPO", "GRPO (8)", "Dr.GRPO", "ES"]  # the paper's order
     smol = t1.rows[0]
-    assert smol[0] == "SmolLM2-135M-Instruct" and smol[-1] == "2.3"  # mean of seeds 2.1, 2.5; checkpoint ignored
+    assert smol[0] == "SmolLM2-135M-Instruct (Q4_1 GGUF)" and smol[-1] == "2.3"  # mean of seeds 2.1, 2.5; checkpoint ignored
     assert (0, 5) in t1.bold and (0, 1) not in t1.bold
     assert "13.0" not in t1.rows[1]  # the paper's GRPO-verl only with --paper
+
+
+def test_table1_flags_cells_measured_differently():
+    common = dict(env="Countdown-v0", split="test", base_model="m", samples=1, temperature=0.0, iteration=None)
+    records = [dict(common, method="Original", **{"pass@1": 0.50}, n=8, max_new_tokens=48),
+               dict(common, method="ES", **{"pass@1": 0.75}, n=8, max_new_tokens=48),
+               dict(common, method="GRPO (8)", **{"pass@1": 0.90}, n=8, max_new_tokens=48, source="log"),
+               dict(common, method="PPO", **{"pass@1": 0.95}, n=4, max_new_tokens=32)]
+    [t1] = table.method_table(records)
+    assert t1.header == ["Base model", "Original", "PPO", "GRPO (8)", "ES"]
+    assert t1.rows == [["m", "50.0", "95.0†‡", "90.0§", "75.0"]]
+    assert t1.bold == {(0, 4)}  # the best comparable cell: ES, not the flagged PPO or GRPO
+    assert any(n.startswith("† ") and "(8)" in n and "m PPO: 4" in n for n in t1.notes)
+    assert any(n.startswith("‡ ") and "(48)" in n and "m PPO: 32" in n for n in t1.notes)
+    assert any(n.startswith("§ ") and "(eval harness)" in n and "m GRPO (8): trainer log" in n for n in t1.notes)
+    # the same settings everywhere: nothing flagged
+    [same] = table.method_table([dict(r, n=8, max_new_tokens=48, source=None) for r in records])
+    assert same.rows == [["m", "50.0", "95.0", "90.0", "75.0"]] and same.bold == {(0, 2)}
+
+
+def test_trainer_log_records_carry_their_settings():
+    records = harness.load_results([str(RUN)])  # a run from before eval_n was logged
+    budget = llm_envs.registry.env_class("Conciseness-v0").max_new_tokens
+    assert [(r["source"], r["n"], r["max_new_tokens"]) for r in records] == [("log", None, budget)] * 2
 
 
 def test_table2_flags_reward_hacking():
@@ -109,6 +135,11 @@ def test_run_dir_without_results_uses_its_log():
 ])
 def test_method_inferred_from_run_config(config, name, method):
     assert harness.infer_method(config, name) == method
+
+
+def test_the_default_model_is_labelled_as_what_it_is():
+    assert harness.model_name("smollm2-135m") == "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+    assert harness.model_name("HuggingFaceTB/SmolLM2-135M-Instruct") == "SmolLM2-135M-Instruct"  # the hub's weights
 
 
 def test_table_cli(capsys, tmp_path):
@@ -145,6 +176,40 @@ def test_kl_of_a_model_against_itself_is_zero_and_positive_for_a_perturbed_copy(
             p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(1)))
     diff = kl.response_kl(other, tiny_model, prompts, completions, batch_size=4, pad_id=pad)
     assert all(v > 0 for v in diff) and sum(diff) / len(diff) > 1e-4
+
+
+def test_kl_at_another_temperature_uses_the_tempered_distributions(tiny_model, tiny_tokenizer):
+    from trainers.generation import encode_prompts, generate
+
+    T = 0.7
+    prompts = [[{"role": "user", "content": q}] for q in ["What is the capital of France?", "Say 42."]]
+    out = generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=8, temperature=T, seed=1, num_return_sequences=2)
+    prompt_ids = [p for p in encode_prompts(tiny_tokenizer, prompts) for _ in range(2)]
+    other = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p, generator=torch.Generator().manual_seed(3)))
+    got = kl.response_kl(other, tiny_model, prompt_ids, out.token_ids, batch_size=3,
+                         pad_id=tiny_tokenizer.pad_token_id, temperature=T)
+    # directly: unpadded forward passes, softmax(logits / T) of both models, k3 = r - log r - 1 per token
+    for value, p, c in zip(got, prompt_ids, out.token_ids):
+        with torch.no_grad():
+            lm = torch.log_softmax(other(torch.tensor([p + c])).logits[0].double() / T, -1)
+            lb = torch.log_softmax(tiny_model(torch.tensor([p + c])).logits[0].double() / T, -1)
+        log_r = torch.stack([lb[len(p) - 1 + i, t] - lm[len(p) - 1 + i, t] for i, t in enumerate(c)])
+        assert value == pytest.approx(float((log_r.exp() - log_r - 1).mean()), rel=1e-4, abs=1e-7)
+    at_one = kl.response_kl(other, tiny_model, prompt_ids, out.token_ids, pad_id=tiny_tokenizer.pad_token_id)
+    assert at_one != pytest.approx(got)  # the temperature is really applied
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kl-to", "base"], "--kl-to: needs sampled responses (--temperature > 0)"),  # greedy by default
+    (["--kl-to", "base", "--samples", "2", "--top-p", "0.9"], "--kl-to: needs --top-p 1"),
+])
+def test_kl_is_refused_where_k3_does_not_estimate_it(argv, message, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        cli.main([*ARGS, "--model", str(tiny_model_dir), "--cache", "off", *argv])
+    assert message in capsys.readouterr().err
 
 
 def test_token_logprobs_ignore_padding(tiny_model, sampled):
@@ -187,6 +252,41 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
         cli.main([*args, "--max-new-tokens", "7"])  # another decoding setting is another key
 
 
+def test_cached_generations_are_rescored_with_the_current_reward_code(tiny_model_dir, tmp_path, monkeypatch):
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [first] = cli.main(args)
+
+    def boom(*a, **k):
+        raise AssertionError("generate called despite a cached result")
+
+    monkeypatch.setattr("trainers.rollout.generate", boom)
+    # a reward fix: the cached texts are scored by the new code, without generating again
+    env_class = llm_envs.registry.env_class("Conciseness-v0")
+    monkeypatch.setattr(env_class, "score_completion", lambda self, text, example: Score(-len(text) - 0.5, False))
+    [second] = cli.main(args)
+    assert second["cached"] and second["correct_rate"] == 0.0
+    rows = [json.loads(line) for line in (tmp_path / "out" / "Conciseness-v0.test.greedy.jsonl").read_text().splitlines()]
+    assert [r["reward"] for r in rows] == [-len(r["completion"]) - 0.5 for r in rows]
+    assert second["reward_mean"] == pytest.approx(sum(r["reward"] for r in rows) / len(rows)) != first["reward_mean"]
+    # no reward is stored in the cache at all
+    stored = [json.loads(f.read_text()) for f in (tmp_path / "cache").rglob("*.json")]
+    assert any("rows" in e for e in stored) and not any("reward" in row for e in stored for row in e.get("rows", []))
+
+
+def test_another_dtype_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [fp32] = cli.main(args)
+    assert (fp32["device"], fp32["dtype"]) == ("cpu", "float32")
+
+    def boom(*a, **k):
+        raise AssertionError("generate called")
+
+    monkeypatch.setattr("trainers.rollout.generate", boom)
+    assert cli.main([*args, "--dtype", "fp32"])[0]["cached"]  # the same dtype, spelled out: a hit
+    with pytest.raises(AssertionError, match="generate called"):
+        cli.main([*args, "--dtype", "bf16"])
+
+
 def test_cache_key_is_order_independent_and_cache_can_be_off(tmp_path):
     assert cache_key(a=1, b=[1, 2]) == cache_key(b=[1, 2], a=1) != cache_key(a=1, b=[2, 1])
     off = Cache(tmp_path, enabled=False)
@@ -211,6 +311,7 @@ def test_run_dir_with_samples_pass_at_k_and_kl(tiny_model, tiny_tokenizer, tiny_
     assert es["hparams"] == {"alpha": 0.02, "sigma": 0.05} and es["temperature"] == 1.0
     assert set(es["pass@k"]) == {"1", "2", "3"} and es["pass@k"]["1"] <= es["pass@k"]["2"] <= es["pass@k"]["3"]
     assert es["kl_mean"] > 0 and es["file"].startswith(str(run / "eval"))
+    assert (es["kl_estimator"], es["kl_temperature"]) == ("k3", 1.0)
     [base] = cli.main([*ARGS, "--model", str(tiny_model_dir), "--samples", "3", "--kl-to", "base", "--limit", "4",
                        "--out", str(tmp_path / "base"), *cache])
     assert base["kl_mean"] == 0.0 and base["method"] == "Original"
@@ -259,4 +360,4 @@ def test_plots_are_written(tmp_path):
     for f in files:
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 10_000
     gains = plot.improvements(harness.load_results([str(RESULTS)]))
-    assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct"]["ES"] == pytest.approx(1.9)
+    assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct (Q4_1 GGUF)"]["ES"] == pytest.approx(1.9)

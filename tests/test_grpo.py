@@ -5,19 +5,23 @@ gradient accumulation), and end-to-end runs on a tiny random model and a trivial
 import copy
 import json
 import math
+import pickle
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import llm_envs
-from trainers import grpo, policy, rl, sweep
+from trainers import grpo, policy, ppo, rl, rollout, sweep
 from trainers.budget import Budget
+from trainers.config import ConfigError
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
 from trainers.logprobs import pad, token_logprobs
 from trainers.losses import kl_k3
 from trainers.policy import micro_batches
 from trainers.sampling import sample
+from trainers.splits import WithValidation
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
@@ -169,6 +173,14 @@ def test_gradient_accumulation_and_checkpointing_give_the_full_batch_gradient(ti
         assert torch.allclose(full[name], checkpointed[name], atol=1e-6), name
 
 
+def test_the_reference_model_is_bf16_on_cuda_and_fp32_on_cpu(tiny_model_dir):
+    assert policy.reference_dtype(torch.device("cuda")) == torch.bfloat16
+    assert policy.reference_dtype(torch.device("cuda:1")) == torch.bfloat16
+    assert policy.reference_dtype(torch.device("cpu")) == torch.float32
+    ref = policy.load_reference(str(tiny_model_dir), "cpu")
+    assert {p.dtype for p in ref.parameters()} == {torch.float32} and not any(p.requires_grad for p in ref.parameters())
+
+
 def test_budget():
     b = Budget(max_samples=70)
     assert b.allows(32)
@@ -194,6 +206,7 @@ def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
     assert all(b["tokens"] > a["tokens"] for a, b in zip(train, train[1:]))  # cumulative tokens
     assert train[0]["kl"] == 0.0 and train[-1]["kl"] > 0
     assert {r["iteration"] for r in log if "eval_pass@1" in r} == {0, 4, 8}
+    assert {r["eval_n"] for r in log if "eval_pass@1" in r} == {4}  # Letter-v0's test split, for Table 1
     assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()
 
 
@@ -228,6 +241,31 @@ def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_di
     assert (out / "final" / "model.safetensors").is_file()
 
 
+@pytest.mark.parametrize("trainer, epochs", [("grpo", 1), ("grpo", 2), ("ppo", 2)])
+def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(trainer, epochs, tmp_path,
+                                                                                 tiny_model_dir, kill_on_call):
+    from safetensors.torch import load_file
+
+    module = {"grpo": grpo, "ppo": ppo}[trainer]
+    # epochs 2: batches are sampled at steps 1, 3 and 5, and the checkpoint of step 3 falls between
+    # the two optimizer steps on the second batch; the kill comes when step 5 samples.
+    steps, every = (5, 3) if epochs == 2 else (3, 2)
+    args = lambda out: ["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--steps", str(steps),  # noqa: E731
+                        "--epochs", str(epochs), "--checkpoint-every", str(every), "--batch-size", "2",
+                        "--group-size", "4", "--lr", "1e-2", "--eval-every", "0", "--beta", "0.01"]
+    module.main(args(tmp_path / "whole"))
+    with kill_on_call(rl, "sample", 3):
+        module.main(args(tmp_path / "killed"))
+    ckpt = tmp_path / "killed" / "checkpoints" / f"{every:06d}"
+    assert (ckpt / "batch.pt").is_file() == (epochs == 2)  # a batch still in use is saved
+    module.main(["--resume", str(tmp_path / "killed")])
+    whole = load_file(tmp_path / "whole" / "final" / "model.safetensors")
+    resumed = load_file(tmp_path / "killed" / "final" / "model.safetensors")
+    assert whole.keys() == resumed.keys() and all(torch.equal(whole[k], resumed[k]) for k in whole)
+    log = lambda out: [{k: v for k, v in r.items() if k != "seconds"} for r in log_of(out)]  # noqa: E731
+    assert log(tmp_path / "whole") == log(tmp_path / "killed")
+
+
 def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--max-samples", "70", "--steps", "10"))
@@ -235,6 +273,14 @@ def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):
     assert [r["samples"] for r in train] == [32, 64]
     assert log_of(out)[-1]["iteration"] == 2 and "eval_reward" in log_of(out)[-1]
     assert (out / "final").is_dir()
+
+
+def test_max_samples_below_one_batch_is_refused_before_the_run_directory(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "run"
+    with pytest.raises(SystemExit):
+        grpo.main(grpo_args(tiny_model_dir, out, "--max-samples", "31"))  # 4 prompts x 8 = 32 per batch
+    assert "--max-samples 31 is less than one sampled batch: 4 prompts x 8 responses = 32" in capsys.readouterr().err
+    assert not out.exists()
 
 
 def test_epochs_reuse_each_batch_and_clip(tmp_path, tiny_model_dir):
@@ -261,28 +307,111 @@ def test_cli_errors_are_one_clear_line(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-def test_sweep_runs_the_grid_and_keeps_the_best(tmp_path, tiny_model_dir):
+def test_sweep_selects_on_validation_and_reports_test_for_the_selected_run_only(tmp_path, tiny_model_dir,
+                                                                                monkeypatch):
+    evaluated = []  # (split, example ids) of every held-out evaluation, in order
+    real = rollout.eval_examples
+
+    def spy(env, split="test", limit=None):
+        examples = real(env, split, limit)
+        evaluated.append((split, {e.id for e in examples}))
+        return examples
+
+    monkeypatch.setattr(rollout, "eval_examples", spy)
     out = tmp_path / "sweep"
     argv = ["grpo", "--betas", "0,0.01", "--lrs", "1e-6,1e-2", "--metric", "eval_reward", "--out", str(out),
-            "--env", LETTER, "--model", str(tiny_model_dir), "--steps", "3", "--batch-size", "4",
-            "--group-size", "8", "--eval-every", "0"]
+            "--env", LETTER, "--env-args", '{"train_size": 24}', "--val-size", "8", "--model", str(tiny_model_dir),
+            "--steps", "3", "--batch-size", "4", "--group-size", "8", "--eval-every", "0"]
     sweep.main(argv)
     summary = json.loads((out / "sweep.json").read_text())
     runs = {r["run"]: r for r in summary["results"]}
     assert set(runs) == {"beta=0_lr=1e-06", "beta=0_lr=0.01", "beta=0.01_lr=1e-06", "beta=0.01_lr=0.01"}
+    # every run trained on train minus 8 examples and was evaluated on those 8, never on test
+    assert summary["selected_on"] == "validation" and all(r["split"] == "validation" for r in runs.values())
+    for k in runs:
+        config = yaml.safe_load((out / k / "config.yaml").read_text())
+        assert (config["val_size"], config["eval_split"], config["algorithm"]) == (8, "validation", "grpo")
+    *during, last = evaluated
+    assert len(during) == 2 * len(runs) and all(split == "validation" for split, _ in during)
+    validation = during[0][1]
+    assert len(validation) == 8 and all(ids == validation for _, ids in during)  # the same 8 for every run
+    assert validation <= {f"train-{i}" for i in range(24)}
+    # selection on validation numbers; only then the selected run measured on test, once
     key = lambda k: (runs[k]["eval_reward"], runs[k]["eval_pass@1"], runs[k]["train_reward_late"])  # noqa: E731
     assert summary["best"] == max(runs, key=key)
+    assert last == ("test", {f"test-{i}" for i in range(4)})
+    assert summary["test"]["run"] == summary["best"] and summary["test"]["split"] == "test"
+    assert summary["test"]["n"] == 4 and "eval_reward" in summary["test"]
     assert "lr=0.01" in summary["best"]  # the learning rate that learns wins
     best = out / summary["best"]
     assert (out / "best").resolve() == best.resolve() and (best / "final").is_dir()
     assert all(not (out / k / "final").exists() for k in runs if k != summary["best"])
     assert all((out / k / "log.jsonl").is_file() for k in runs)  # every run keeps its logs
     cfg = grpo.resolve(["--resume", str(out / "beta=0.01_lr=1e-06")])
-    assert (cfg.beta, cfg.lr, cfg.steps) == (0.01, 1e-6, 3)
-    # repeating the command skips the finished runs
+    assert (cfg.beta, cfg.lr, cfg.steps, cfg.val_size) == (0.01, 1e-6, 3, 8)
+    # repeating the command skips the finished runs and the measured test split
     before = {k: (out / k / "log.jsonl").read_text() for k in runs}
+    evaluated.clear()
     sweep.main(argv)
-    assert {k: (out / k / "log.jsonl").read_text() for k in runs} == before
+    assert {k: (out / k / "log.jsonl").read_text() for k in runs} == before and not evaluated
+    assert json.loads((out / "sweep.json").read_text())["test"] == summary["test"]
+
+
+def test_sweep_refuses_to_carve_a_tiny_train_split(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "sweep"
+    with pytest.raises(SystemExit):  # Letter-v0 has 4 training prompts (Conciseness-v0: 2)
+        sweep.main(["grpo", "--out", str(out), "--env", LETTER, "--model", str(tiny_model_dir)])
+    err = capsys.readouterr().err
+    assert "0 of the 4 training examples would be held out" in err and "--val-split" in err
+    assert not out.exists()
+    with pytest.raises(SystemExit):  # selecting on the reported split is the very thing refused
+        sweep.main(["grpo", "--out", str(out), "--env", LETTER, "--val-split", "test"])
+    assert "--val-split test: that is the split the sweep reports" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_sweep_selects_on_a_validation_split_of_the_env(tmp_path, tiny_model_dir):
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps({"id": f"v{i}", "question": f"Say a ({i}).", "answer": "a"}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "sweep"
+    sweep.main(["grpo", "--betas", "0", "--lrs", "1e-2", "--out", str(out), "--env", LETTER, "--model",
+                str(tiny_model_dir), "--env-args", json.dumps({"data": {"validation": str(data)}}), "--val-split",
+                "validation", "--steps", "2", "--batch-size", "4", "--group-size", "4", "--eval-every", "0"])
+    summary = json.loads((out / "sweep.json").read_text())
+    assert summary["selected_on"] == "validation" and summary["test"]["split"] == "test"
+    config = yaml.safe_load((out / summary["best"] / "config.yaml").read_text())
+    assert (config["val_size"], config["eval_split"]) == (None, "validation")
+
+
+def test_validation_split_is_carved_from_train_deterministically(tmp_path):
+    env = llm_envs.make(LETTER, train_size=20)
+    view = WithValidation(env, 5)
+    train, validation = view.examples("train"), view.examples("validation")
+    assert len(train) == 15 and len(validation) == 5 and not {e.id for e in train} & {e.id for e in validation}
+    assert sorted(e.id for e in train + validation) == sorted(e.id for e in env.examples("train"))
+    assert [e.id for e in WithValidation(llm_envs.make(LETTER, train_size=20, seed=7), 5).examples("validation")] \
+        == [e.id for e in validation]  # whatever the seed: the same examples for every run
+    assert view.examples("test") == env.examples("test") and view.max_new_tokens == env.max_new_tokens
+    copy_ = pickle.loads(pickle.dumps(view))  # what scoring workers receive
+    assert [e.id for e in copy_.examples("validation")] == [e.id for e in validation]
+    assert copy_.score("aaa", validation[0]).reward == 1.0
+    with pytest.raises(ConfigError, match="--val-size 20: the train split has 20 examples"):
+        WithValidation(env, 20)
+
+
+def test_a_run_with_val_size_trains_on_the_rest(tmp_path, tiny_model_dir, monkeypatch):
+    drawn = []
+    real = rl.batch_for
+    monkeypatch.setattr(rl, "batch_for", lambda examples, *a: drawn.extend(e.id for e in examples) or real(examples, *a))
+    out = tmp_path / "run"
+    grpo.main(grpo_args(tiny_model_dir, out, "--env-args", '{"train_size": 12}', "--val-size", "4", "--eval-split",
+                        "validation", "--steps", "1"))
+    validation = {e.id for e in WithValidation(llm_envs.make(LETTER, train_size=12), 4).examples("validation")}
+    assert drawn and not set(drawn) & validation and len(set(drawn)) == 8
+    assert [r["eval_n"] for r in log_of(out) if "eval_n" in r] == [4, 4]
+    with pytest.raises(SystemExit):
+        grpo.main(grpo_args(tiny_model_dir, tmp_path / "other", "--eval-split", "validation"))
 
 
 def test_sweep_refuses_flags_it_sets(capsys):

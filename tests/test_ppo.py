@@ -1,6 +1,8 @@
-"""PPO: token rewards, GAE and the clipped losses on hand-computed examples, and an end-to-end
-run on a tiny random model and a trivially learnable env (the reward must rise), with resume."""
+"""PPO: token rewards, GAE and the clipped losses on hand-computed examples, the separate critic
+(its own parameters and gradient clip), and an end-to-end run on a tiny random model and a
+trivially learnable env (the reward must rise), with resume."""
 
+import copy
 import json
 import math
 from pathlib import Path
@@ -8,8 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from trainers import ppo, rl
-from trainers.ppo import gae, ppo_loss, token_rewards
+import llm_envs
+from trainers import policy, ppo, rl
+from trainers.ppo import PPO, PPOConfig, gae, ppo_loss, token_rewards
+from trainers.sampling import sample
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
@@ -72,6 +76,58 @@ def test_ppo_loss_by_hand():
     assert torch.allclose(logp.grad, torch.tensor([[-0.5, 0.0]]))
 
 
+def test_each_parameter_group_is_clipped_on_its_own():
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(2))
+    a.grad, b.grad = torch.tensor([3.0, 4.0]), torch.tensor([30.0, 40.0])
+    seen = {}
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            seen.update(a=a.grad.clone(), b=b.grad.clone())
+
+    norms = policy.clip_and_step(Spy([{"params": [a]}, {"params": [b]}], lr=0.0), max_grad_norm=1.0)
+    assert norms == pytest.approx([5.0, 50.0])
+    assert torch.allclose(seen["a"], torch.tensor([0.6, 0.8])) and torch.allclose(seen["b"], torch.tensor([0.6, 0.8]))
+
+
+def policy_gradient(tiny_model, tiny_tokenizer, model_dir, samples, **options) -> dict[str, torch.Tensor]:
+    """The policy's gradient in one PPO update (captured instead of applied)."""
+    cfg = PPOConfig(env=LETTER, model=str(model_dir), group_size=2, max_new_tokens=6, beta=0.0, max_grad_norm=0,
+                    whiten_advantages=False, **options)
+    cfg.validate()
+    model = copy.deepcopy(tiny_model).requires_grad_(True)
+    algo = PPO(cfg, model, tiny_tokenizer)
+    with torch.no_grad():  # a critic that reads its hidden states (the zero init does not)
+        algo.value_head.linear.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    captured = {}
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            captured.update({n: p.grad.clone() for n, p in model.named_parameters()})
+
+    algo.update(algo.prepare(samples), Spy(algo.param_groups(), lr=0.0))
+    return captured
+
+
+def test_the_separate_critic_never_moves_the_policy(tiny_model, tiny_tokenizer, tiny_model_dir):
+    env = llm_envs.make(LETTER)
+    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:2], 2, 6, seed=0)
+    cfg = PPOConfig(env=LETTER, model=str(tiny_model_dir), beta=0.0)
+    cfg.validate()
+    algo = PPO(cfg, copy.deepcopy(tiny_model), tiny_tokenizer)
+    policy_params, critic_params = ({id(p) for p in g["params"]} for g in algo.param_groups())
+    assert not policy_params & critic_params and algo.param_groups()[1]["lr"] == cfg.value_lr
+    assert set(algo.modules) == {"value_head", "critic_trunk"}  # both checkpointed
+    base = dict(tiny_model.model.named_parameters())
+    assert all(torch.equal(p, base[n]) for n, p in algo.trunk.named_parameters())  # a copy of the base model
+    # the value loss's weight changes nothing in the policy's gradient; with a shared trunk it does
+    separate = [policy_gradient(tiny_model, tiny_tokenizer, tiny_model_dir, s, vf_coef=c) for c in (0.0, 1.0)]
+    assert all(torch.equal(separate[0][n], separate[1][n]) for n in separate[0])
+    shared = [policy_gradient(tiny_model, tiny_tokenizer, tiny_model_dir, s, vf_coef=c, shared_critic=True)
+              for c in (0.0, 1.0)]
+    assert not all(torch.equal(shared[0][n], shared[1][n]) for n in shared[0])
+
+
 def test_ppo_raises_the_reward(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     ppo.main(ppo_args(tiny_model_dir, out))
@@ -93,6 +149,7 @@ def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, k
     saved = torch.load(out / "checkpoints" / "000002" / "trainer.pt", weights_only=False)
     head = saved["modules"]["value_head"]
     assert head["linear.weight"].abs().sum() > 0  # trained, not the zero init
+    trunk = saved["modules"]["critic_trunk"]  # the critic's own trunk
 
     restored = {}
     real_restore = rl.restore_trainer
@@ -100,10 +157,12 @@ def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, k
     def spy(run, step, optimizer, modules=None):
         real_restore(run, step, optimizer, modules)
         restored.update({k: v.detach().clone() for k, v in modules["value_head"].state_dict().items()})
+        restored.update({"trunk." + k: v.detach().clone() for k, v in modules["critic_trunk"].state_dict().items()})
 
     monkeypatch.setattr(rl, "restore_trainer", spy)
     ppo.main(["--resume", str(out)])
     assert torch.equal(restored["linear.weight"], head["linear.weight"])
+    assert all(torch.equal(restored["trunk." + k], v) for k, v in trunk.items())
     assert [r["iteration"] for r in log_of(out) if "reward_mean" in r] == [1, 2, 3]
     assert (out / "final").is_dir()
 

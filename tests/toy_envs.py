@@ -53,8 +53,13 @@ class LetterEnv(TaskEnv):
     max_new_tokens = 6
     score_workers = 0
 
+    def __init__(self, train_size: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.train_size = train_size
+
     def build_split(self, split: str) -> list[Example]:
-        return [Example(f"{split}-{i}", chat(f"Write the letter a. ({i})"), "a") for i in range(4)]
+        n = self.train_size if split == "train" else 4
+        return [Example(f"{split}-{i}", chat(f"Write the letter a. ({i})"), "a") for i in range(n)]
 
     def parse_row(self, row, index):
         return Example(str(row.get("id", index)), chat(require(row, "question")), require(row, "answer"))

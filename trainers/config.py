@@ -16,7 +16,7 @@ import time
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import yaml
 
@@ -24,6 +24,10 @@ import llm_envs
 from trainers.run_dir import RunDirError
 
 C = TypeVar("C")
+
+#: Keys of config.yaml that are not options: each is derived from the options and written by the
+#: run (``algorithm``), and ignored when a config is read back (``--config``, ``--resume``).
+DERIVED_KEYS = ("algorithm",)
 
 
 class ConfigError(ValueError):
@@ -64,13 +68,17 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{_flag(name)}: expected {kind.__name__}, got {value!r}") from None
 
 
-def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
-    """Build ``cls`` from ``--config`` YAML and command-line flags; exits with a message on error."""
+def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
+    """A parser with ``--config`` and one flag per field of ``cls``. Flags that are not given are
+    absent from the parsed namespace (``default=SUPPRESS``): what the namespace holds is exactly
+    what the command line said. Abbreviations (``--iter`` for ``--iterations``) are refused."""
     hints = typing.get_type_hints(cls)
-    fields = [f for f in dataclasses.fields(cls) if f.init]
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+                                     allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of field: value pairs (flags given here override it)")
-    for f in fields:
+    for f in dataclasses.fields(cls):
+        if not f.init:
+            continue
         kind, _ = _base_type(hints[f.name])
         default = f.default if f.default is not dataclasses.MISSING else None
         meta = f.metadata.get("help", "")
@@ -78,12 +86,16 @@ def parse_config(cls: type[C], argv: list[str] | None = None, description: str =
         parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, choices=choices,
                             metavar=kind.__name__.upper() if not choices else None,
                             help=f"{meta} (default: {default})")
-    args = vars(parser.parse_args(argv))
+    return parser
+
+
+def parse_config(cls: type[C], argv: list[str] | None = None, description: str = "") -> C:
+    """Build ``cls`` from ``--config`` YAML and command-line flags; exits with a message on error."""
+    parser = make_parser(cls, description)
+    flags = vars(parser.parse_args(argv))
+    config_file = flags.pop("config", None)
     try:
-        values = load_yaml(args.pop("config")) if args.get("config") else {}
-        args.pop("config", None)
-        values.update(args)
-        return build_config(cls, values)
+        return build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
     except ConfigError as exc:
         parser.error(str(exc))
 
@@ -105,6 +117,7 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
     """``cls(**values)`` with types converted, unknown keys rejected and ``validate()`` run."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
+    values = {k: v for k, v in values.items() if k not in DERIVED_KEYS}
     unknown = sorted(set(values) - names)
     if unknown:
         raise ConfigError(f"unknown option(s) {', '.join(_flag(u) for u in unknown)}")
@@ -136,10 +149,37 @@ def env_kwargs(env_args: str | None) -> dict[str, Any]:
     return args
 
 
+def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, splits: tuple[str, ...] = (),
+             **extra: Any) -> llm_envs.TaskEnv:
+    """Build ``env_id`` with the options of ``--env-args`` (a JSON string or a dict) and ``extra``,
+    and its ``splits`` (options some environments check only then). An option the environment
+    rejects (an unknown name, a bad value) is a ``ConfigError`` naming ``--env-args``; a bad data
+    file stays a ``DataError`` (its message names the file). Call it before creating any run
+    directory, so that a typo costs nothing."""
+    options = env_kwargs(env_args) if not isinstance(env_args, dict) else env_args
+    try:
+        env = llm_envs.make(env_id, **options, **extra)
+        for split in splits:
+            env.examples(split)
+        return env
+    except llm_envs.UnknownEnvError as exc:
+        raise ConfigError(f"--env: {exc}") from None
+    except llm_envs.DataError:
+        raise
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"--env-args {json.dumps(options)}: {exc}") from None
+
+
 @dataclass
 class TrainConfig:
     """The options every trainer has (ES, GRPO, PPO): what to train on, where the run lives, the
-    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields."""
+    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields, and
+    each sets ``algorithm``."""
+
+    #: What config.yaml records as ``algorithm:`` (es / grpo / dr_grpo / ppo), the key tables and
+    #: plots label a run by. Each trainer's config fixes it (from ``--loss`` for GRPO): no flag
+    #: can set it to a wrong value, and it is not read back.
+    algorithm: ClassVar[str | None] = None
 
     env: str = field(default="Countdown-v0", metadata={"help": "environment id; 'my_module:My-v0' imports my_module first"})
     model: str = field(default="smollm2-135m", metadata={"help": "Hugging Face id, local directory, or smollm2-135m"})
@@ -155,6 +195,9 @@ class TrainConfig:
     max_samples: int | None = field(default=None, metadata={"help": "sample budget: generated training responses a run never exceeds "
                                                                    "(an iteration or step starts only if it fits)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options, e.g. '{\"train_size\": 50}'"})
+    val_size: int | None = field(default=None, metadata={"help": "move K training examples (a fixed choice) into a "
+                                                                 "'validation' split and train on the rest; "
+                                                                 "--eval-split validation evaluates there"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
 
@@ -166,12 +209,15 @@ class TrainConfig:
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
+        check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    return dataclasses.asdict(config)
+    """What config.yaml holds: ``algorithm`` (when the config has one), then every option."""
+    algorithm = getattr(config, "algorithm", None)
+    return ({"algorithm": algorithm} if algorithm else {}) | dataclasses.asdict(config)
 
 
 def fail(message: str) -> typing.NoReturn:
@@ -181,23 +227,28 @@ def fail(message: str) -> typing.NoReturn:
 
 
 def resolve_config(cls: type, prefix, argv: list[str] | None = None, description: str = ""):
-    """The config of a new run, or of a resumed run (its saved config, overridden by flags);
+    """The config of a new run (``--config`` YAML, then flags), or of a resumed run: its saved
+    config.yaml, with the flags given on this command line (and only those) overriding it.
     ``prefix`` (a string, or a function of the config) names the default run directory."""
-    cfg = parse_config(cls, argv, description=description)
-    if cfg.resume:
-        try:
-            saved = load_yaml(Path(cfg.resume) / "config.yaml")
-        except ConfigError:
-            fail(f"--resume {cfg.resume}: no run there (config.yaml missing)")
-        given = {k.lstrip("-").split("=")[0].replace("-", "_") for k in (argv if argv is not None else sys.argv[1:])
-                 if k.startswith("--")}
-        saved.update({k: v for k, v in to_dict(cfg).items() if k in given})
-        saved.update(resume=cfg.resume, out=cfg.resume)
-        cfg = build_config(cls, saved)
-    elif cfg.out is None:
-        name = prefix(cfg) if callable(prefix) else prefix
-        cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
-    return cfg
+    parser = make_parser(cls, description)
+    flags = vars(parser.parse_args(argv))
+    config_file = flags.pop("config", None)
+    try:
+        if not flags.get("resume"):
+            cfg = build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
+            if cfg.out is None:
+                name = prefix(cfg) if callable(prefix) else prefix
+                cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
+            return cfg
+        resume = flags["resume"]
+        if config_file:
+            raise ConfigError("--config: not with --resume (the run's config.yaml is used; override options with flags)")
+        saved_file = Path(resume) / "config.yaml"
+        if not saved_file.is_file():
+            raise ConfigError(f"--resume {resume}: no run there (config.yaml missing)")
+        return build_config(cls, load_yaml(saved_file) | flags | {"resume": resume, "out": resume})
+    except ConfigError as exc:
+        parser.error(str(exc))
 
 
 def run_main(resolve, train, argv: list[str] | None = None) -> None:

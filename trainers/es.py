@@ -26,7 +26,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -34,11 +34,12 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, lowrank, noise
-from trainers.config import ConfigError, TrainConfig, check, env_kwargs, resolve_config, run_main, to_dict
+from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
 from trainers.rollout import batch_for, evaluate, rollout
 from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
+from trainers.splits import training_env
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -53,6 +54,8 @@ GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
 
 @dataclass
 class ESConfig(TrainConfig):
+    algorithm: ClassVar[str] = "es"
+
     iterations: int | None = field(default=None, metadata={"help": "ES iterations (paper's per env)"})
     population: int | None = field(default=None, metadata={"help": "N, perturbations per iteration (paper's per env)"})
     sigma: float | None = field(default=None, metadata={"help": "noise scale (paper's per env)"})
@@ -288,16 +291,16 @@ def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, 
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
-    run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
-    run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
-    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
+    env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
     if cfg.max_samples is not None and cfg.max_samples < cfg.population * per_iteration:
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
                           f"{per_iteration} prompts = {cfg.population * per_iteration} responses")
+    run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
+    run.write_config(to_dict(cfg))
+    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
 
     # Resume: newest weight checkpoint, then replay the updates logged after it.
@@ -329,7 +332,8 @@ def train(cfg: ESConfig) -> Path:
     def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
         scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit, dist.rank, dist.world, dist.sum)
-        record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}
+        record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
+                  "eval_n": scores["n"]}
         run.log(record, iteration)
         say(f"[iter {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
         dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)

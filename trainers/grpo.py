@@ -49,6 +49,10 @@ class GRPOConfig(RLConfig):
                                                 "choices": ["grpo", "dr_grpo"]})
     loss_norm: int | None = field(default=None, metadata={"help": "dr_grpo: per-response constant the token sums are divided by (default: max_new_tokens)"})
 
+    @property
+    def algorithm(self) -> str:  # grpo or dr_grpo
+        return self.loss
+
     def validate(self) -> None:
         super().validate()
         if self.beta is None:
@@ -145,7 +149,7 @@ class GRPO:
             loss_total += loss.item()
             for key, v in part_sums.items():
                 sums[key] = sums.get(key, 0.0) + v
-        grad_norm = clip_and_step(self.param_groups()[0]["params"], optimizer, cfg.max_grad_norm)
+        [grad_norm] = clip_and_step(optimizer, cfg.max_grad_norm)
         self.model.eval()
         tokens = max(1, batch.samples.num_tokens)
         return {"loss": loss_total, "grad_norm": grad_norm, **{k: v / tokens for k, v in sums.items()},

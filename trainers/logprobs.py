@@ -73,3 +73,14 @@ def token_logprobs(model, batch: Padded, temperature: float = 1.0, hidden: bool 
     if hidden:
         return logp, out.hidden_states[-1][:, P - 1:P + T - 1, :]
     return logp
+
+
+def completion_states(trunk, batch: Padded):
+    """The last hidden states ``[B, T, H]`` of a transformer ``trunk`` (a model without LM head) at
+    the positions that predict each completion token: the states a separate critic reads (the
+    same positions as ``token_logprobs(..., hidden=True)``)."""
+    T, P = batch.width, batch.prompt_width
+    with compute_context(trunk):
+        out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
+                    use_cache=False)
+    return out.last_hidden_state[:, P - 1:P + T - 1, :]

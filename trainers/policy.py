@@ -1,5 +1,12 @@
 """The RL trainers' models and optimizer: the trainable policy (fp32 master weights), its frozen
-reference (the KL anchor), AdamW, and one optimizer step over accumulated micro-batches."""
+reference (the KL anchor), PPO's critic trunk, AdamW, and one optimizer step over accumulated
+micro-batches.
+
+Memory per parameter of the base model (weights and optimizer state; activations and the
+generation cache come on top): the policy 16 bytes (fp32 weights 4, fp32 gradients 4, AdamW's two
+moments 8); the reference 2 on CUDA (bf16), 4 on CPU; PPO's separate critic another 16 (a second
+trainable trunk). So GRPO ~18 bytes/parameter on CUDA, PPO ~34 (~18 with ``--shared-critic``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.models import load_model
+from trainers.models import load_model, resolve_device
 
 
 def load_policy(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False):
@@ -25,12 +32,27 @@ def load_policy(name_or_path: str, device: str | None = None, gradient_checkpoin
     return model, tokenizer
 
 
+def reference_dtype(device: torch.device) -> torch.dtype:
+    """The frozen reference model's dtype: bf16 on CUDA (2 bytes per parameter instead of 4; it is
+    only read, in the same bf16 autocast the policy computes in), fp32 on CPU (no fast bf16)."""
+    return torch.bfloat16 if device.type == "cuda" else torch.float32
+
+
 def load_reference(name_or_path: str, device: str | None = None):
-    """A frozen copy of the base model (the KL anchor); load it only when beta > 0."""
-    model, _ = load_model(name_or_path, device=device, dtype=torch.float32)
+    """A frozen copy of the base model (the KL anchor), in ``reference_dtype``; load it only when
+    beta > 0."""
+    dev = resolve_device(device)
+    model, _ = load_model(name_or_path, device=dev, dtype=reference_dtype(dev))
     model.requires_grad_(False)
     model.eval()
     return model
+
+
+def load_critic_trunk(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False):
+    """A trainable copy of the base model without its LM head (``base_model``: the transformer that
+    yields hidden states), fp32 master weights like the policy: the trunk of PPO's separate critic."""
+    model, _ = load_policy(name_or_path, device, gradient_checkpointing)
+    return model.base_model
 
 
 def make_optimizer(groups: list[dict[str, Any]], lr: float, weight_decay: float = 0.0,
@@ -45,10 +67,12 @@ def micro_batches(n: int, count: int) -> list[slice]:
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
-def clip_and_step(params: list[torch.nn.Parameter], optimizer, max_grad_norm: float | None) -> float:
-    """Clip the gradient norm (when ``max_grad_norm``), step, zero the gradients; returns the norm
-    before clipping."""
-    norm = torch.nn.utils.clip_grad_norm_(params, max_grad_norm if max_grad_norm else float("inf"))
+def clip_and_step(optimizer, max_grad_norm: float | None) -> list[float]:
+    """Clip the gradient norm of each parameter group on its own (when ``max_grad_norm``; a critic's
+    large value-loss gradients never shrink the policy's), step, zero the gradients; returns each
+    group's norm before clipping."""
+    limit = max_grad_norm if max_grad_norm else float("inf")
+    norms = [float(torch.nn.utils.clip_grad_norm_(group["params"], limit)) for group in optimizer.param_groups]
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return float(norm)
+    return norms

@@ -1,8 +1,11 @@
 """Proximal Policy Optimization (Schulman et al. 2017) for LLM fine-tuning, TinyZero/verl style, on
 any llm_envs environment.
 
-A value head (a linear critic on the policy's last hidden state, sharing its trunk) scores every
-completion position. Each sampled batch is turned into per-token rewards and advantages:
+The critic is a separate model, as in the paper's PPO (verl): a trainable copy of the base model's
+trunk with a linear value head, its own learning rate (--value-lr) and its own gradient clip; it
+scores every completion position. (--shared-critic puts the value head on the policy's own hidden
+states instead: one model, about half the memory, but the value loss then moves the policy's
+weights too.) Each sampled batch is turned into per-token rewards and advantages:
 
     reward_t  = -beta * kl_t                      (kl_t = logp_t - ref_t by default, k3 optional)
               + R          at the last token      (the environment's outcome reward)
@@ -17,6 +20,12 @@ and each optimizer step minimises the token-mean (over all completion tokens of 
 
 with r_t = pi(y_t) / pi_old(y_t) (old: the policy that sampled the batch).
 
+Memory per parameter of the base model, before activations: policy 16 bytes (fp32 weights,
+gradients, AdamW's two moments), critic 16 (the same for its trunk), frozen reference 2 (bf16 on
+CUDA; 4 on CPU): ~34 bytes, ~18 with --shared-critic. A 7B model needs ~238 GB (~126 GB shared): it
+does not fit one 80 GB GPU; without sharding or 8-bit optimizer states, about 2B parameters do
+(about 4B with --shared-critic, or for GRPO).
+
     python -m trainers.ppo --env Countdown-v0
     python -m trainers.ppo --env Countdown-v0 --lam 0.95 --epochs 2
     python -m trainers.ppo --resume runs/ppo-Countdown-v0-...        # from the latest checkpoint
@@ -26,26 +35,35 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
 from trainers import rl
 from trainers.config import check, resolve_config, run_main
-from trainers.logprobs import pad, token_logprobs
+from trainers.logprobs import completion_states, pad, token_logprobs
 from trainers.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
-from trainers.policy import clip_and_step, micro_batches
+from trainers.policy import clip_and_step, load_critic_trunk, micro_batches
 from trainers.rl import RLConfig
 from trainers.sampling import Samples
 
 
 @dataclass
 class PPOConfig(RLConfig):
+    algorithm: ClassVar[str] = "ppo"
+
     batch_size: int = field(default=16, metadata={"help": "training prompts per sampled batch"})
     group_size: int = field(default=1, metadata={"help": "sampled responses per prompt"})
     lam: float = field(default=1.0, metadata={"help": "GAE lambda (gamma is 1)"})
     vf_coef: float = field(default=0.1, metadata={"help": "weight of the value loss"})
     value_clip: float = field(default=0.2, metadata={"help": "clip range of the value prediction around the old value"})
-    value_lr: float = field(default=1e-5, metadata={"help": "learning rate of the value head (the policy's trunk uses --lr)"})
+    value_lr: float = field(default=1e-5, metadata={"help": "learning rate of the critic (its trunk and value head; "
+                                                            "with --shared-critic, of the value head only)"})
+    shared_critic: bool = field(default=False, metadata={"help": "the value head reads the policy's own hidden states "
+                                                                 "instead of a separate critic model: ~half PPO's "
+                                                                 "memory (no second trunk and its AdamW state), but "
+                                                                 "the value loss then also trains the policy's "
+                                                                 "weights, unlike the paper's PPO"})
     kl_estimator: str = field(default="k1", metadata={"help": "per-token KL in the reward: k1 = logp - ref, k3 = exp(ref - logp) - (ref - logp) - 1",
                                                       "choices": ["k1", "k3"]})
     whiten_advantages: bool = field(default=True, metadata={"help": "normalise advantages over the batch's tokens"})
@@ -134,18 +152,33 @@ class PPO:
         self.cfg, self.model, self.ref = cfg, model, ref
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
+        # The critic: a separate trunk, a fresh copy of the base model (None: the policy's own).
+        self.trunk = None if cfg.shared_critic else load_critic_trunk(cfg.model, str(self.device),
+                                                                      cfg.gradient_checkpointing)
         self.value_head = ValueHead(model.config.hidden_size).to(self.device)
         self.modules = {"value_head": self.value_head}  # saved with checkpoints, restored on resume
+        if self.trunk is not None:
+            self.modules["critic_trunk"] = self.trunk
 
     def param_groups(self) -> list[dict]:
+        """The policy's parameters, then the critic's (its own learning rate and gradient clip)."""
+        critic = ([] if self.trunk is None else list(self.trunk.parameters())) + list(self.value_head.parameters())
         return [{"params": [p for p in self.model.parameters() if p.requires_grad]},
-                {"params": list(self.value_head.parameters()), "lr": self.cfg.value_lr}]
+                {"params": critic, "lr": self.cfg.value_lr}]
 
     def forward(self, samples: Samples, part: slice):
         """(log-probs, values, mask) of one micro-batch under the current policy and critic."""
         mb = pad(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device)
-        logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature, hidden=True)
+        if self.trunk is None:
+            logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature, hidden=True)
+        else:
+            logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature), completion_states(self.trunk, mb)
         return logp, self.value_head(hidden), mb
+
+    def train_mode(self, on: bool) -> None:
+        for module in (self.model, self.trunk, self.value_head):
+            if module is not None:
+                module.train(on)
 
     @torch.no_grad()
     def prepare(self, samples: Samples) -> Batch:
@@ -177,7 +210,7 @@ class PPO:
     def update(self, batch: Batch, optimizer) -> dict[str, float]:
         """One optimizer step on the whole sampled batch (micro-batch gradients accumulated)."""
         cfg = self.cfg
-        self.model.train()
+        self.train_mode(True)
         denominator = float(max(1, batch.samples.num_tokens))
         loss_total, sums = 0.0, {}
         for k, part in enumerate(batch.parts):
@@ -189,10 +222,9 @@ class PPO:
             loss_total += loss.item()
             for key, v in part_sums.items():
                 sums[key] = sums.get(key, 0.0) + v
-        params = [p for g in self.param_groups() for p in g["params"]]
-        grad_norm = clip_and_step(params, optimizer, cfg.max_grad_norm)
-        self.model.eval()
-        return {"loss": loss_total, "grad_norm": grad_norm, "kl": batch.kl,
+        grad_norm, value_grad_norm = clip_and_step(optimizer, cfg.max_grad_norm)  # each clipped on its own
+        self.train_mode(False)
+        return {"loss": loss_total, "grad_norm": grad_norm, "value_grad_norm": value_grad_norm, "kl": batch.kl,
                 **{k: v / denominator for k, v in sums.items()}, "value_mean": batch.value_mean}
 
 

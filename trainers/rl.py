@@ -17,13 +17,14 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers.budget import Budget
-from trainers.checkpoints import latest_checkpoint, restore_trainer, save_checkpoint
-from trainers.config import ConfigError, TrainConfig, check, env_kwargs, to_dict
+from trainers.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
+from trainers.config import ConfigError, TrainConfig, check, to_dict
 from trainers.models import save_model
 from trainers.policy import load_policy, load_reference, make_optimizer
 from trainers.rollout import batch_for, evaluate
 from trainers.run_dir import RunDir, summarize
 from trainers.sampling import sample, step_seed
+from trainers.splits import training_env
 
 
 @dataclass
@@ -64,12 +65,16 @@ def train(cfg: RLConfig, algorithm) -> Path:
     optimizer step each); log, evaluate, checkpoint; save the final model."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
-    run = RunDir(cfg.out, resume=cfg.resume is not None)
-    run.write_config(to_dict(cfg))
-    env = llm_envs.make(cfg.env, **env_kwargs(cfg.env_args))
-    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
+    env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
+    per_step = min(cfg.batch_size, len(train_examples)) * cfg.group_size  # responses one sampled batch generates
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
+        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
+                          f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
+    run = RunDir(cfg.out, resume=cfg.resume is not None)
+    run.write_config(to_dict(cfg))
+    scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     say = tqdm.write
 
     # Resume: the newest complete checkpoint (weights, optimizer, RNG, step, budget).
@@ -81,9 +86,17 @@ def train(cfg: RLConfig, algorithm) -> Path:
     algo = algorithm(cfg, model, tokenizer, ref)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
+    # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
+    # takes several steps on one batch; a checkpoint between them saves the batch, so a resumed
+    # run continues on exactly the same batch, old log-probs included).
+    buffer, used = None, cfg.epochs
     if cfg.resume:
         if ckpt:
             restore_trainer(run, done, optimizer, algo.modules)
+            saved = load_batch(run, done, next(model.parameters()).device)
+            if saved is not None:
+                buffer, used = saved["buffer"], saved["used"]
+                samples = buffer.samples
         run.truncate_log(done if ckpt else -1)
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
@@ -97,18 +110,19 @@ def train(cfg: RLConfig, algorithm) -> Path:
         evaluated.add(step)
         scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
                           cfg.eval_limit)
-        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"]}, step)
+        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
+                 "eval_n": scores["n"]}, step)
         say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
 
     if done == 0:
         held_out(0)
-    step, buffer, used = done, None, cfg.epochs
+    step = done
     bar = tqdm(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, dynamic_ncols=True)
     for step in bar:
         start = time.perf_counter()
         if used == cfg.epochs:  # a fresh batch of responses
             prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
-            if not budget.allows(len(prompts) * cfg.group_size):
+            if not budget.allows(per_step):  # a run never exceeds --max-samples
                 say(f"--max-samples {cfg.max_samples} reached after {budget.samples} responses: stopping at step {step - 1}")
                 step -= 1
                 break
@@ -129,7 +143,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
             held_out(step)
         if step % cfg.checkpoint_every == 0:
             save_checkpoint(run, model, tokenizer, step, {"iteration": step, "samples": budget.samples,
-                                                          "tokens": budget.tokens}, optimizer, algo.modules)
+                                                          "tokens": budget.tokens}, optimizer, algo.modules,
+                            batch={"buffer": buffer, "used": used} if used < cfg.epochs else None)
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
     bar.close()
     if step > done and step not in evaluated:

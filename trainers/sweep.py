@@ -1,17 +1,29 @@
 """The paper's RL hyperparameter sweep in one command: run the grid KL coefficient beta x learning
-rate (default {1e-3, 5e-3} x {1e-6, 1e-5}, as in the paper's Table 5) and keep the best run.
+rate (default {1e-3, 5e-3} x {1e-6, 1e-5}, as in the paper's Table 5), select the best run on a
+validation split, and report the selected run on the test split.
 
     python -m trainers.sweep grpo --env Countdown-v0
     python -m trainers.sweep grpo --env Countdown-v0 --loss dr_grpo --betas 0
     python -m trainers.sweep ppo --env Countdown-v0 --steps 200 --out runs/sweep-ppo
-    python -m trainers.sweep grpo --env Conciseness-v0 --metric eval_reward --betas 0,0.01 --lrs 5e-6
+    python -m trainers.sweep grpo --env Sudoku-v0 --metric eval_reward --val-size 100 --lrs 5e-6
+
+Selection never sees the test split. By default every run trains on the training split minus a
+validation split carved from it (``--val-size``: a fraction of train, default 0.1, or a number of
+examples; a fixed choice, the same for every run: ``trainers.splits``), and its held-out
+evaluations are on that validation split. The best run is the one with the highest final
+validation --metric (ties: the other metric, then the mean training reward of its last fifth);
+only then is its final model measured on the reported split (the trainer's --eval-split, default
+test), once. A carved validation split must hold at least MIN_VALIDATION examples and leave as
+many for training: a smaller train split (Conciseness-v0 has 2 prompts) is refused, and
+``--val-split NAME`` selects on a split the environment already has instead (for instance one
+given as a data file: ``--env-args '{"data": {"validation": "val.jsonl"}}' --val-split
+validation``), never on the reported one.
 
 Every flag that is not the sweep's own goes to the trainer (``python -m trainers.grpo --help``).
-Runs are written to OUT/beta=B_lr=L/. Repeating the command skips finished runs and resumes
-unfinished ones. The best run is the one with the highest final held-out --metric (ties: the other
-held-out metric, then the mean training reward of its last fifth); it is recorded in
-OUT/sweep.json and linked as OUT/best. The other runs keep their logs but their weights are
-deleted, unless --keep-all.
+Runs are written to OUT/beta=B_lr=L/ (their config.yaml records val_size and eval_split).
+Repeating the command skips finished runs and resumes unfinished ones. The selection and the
+selected run's test numbers are in OUT/sweep.json; the selected run is linked as OUT/best. The
+other runs keep their logs but their weights are deleted, unless --keep-all.
 """
 
 from __future__ import annotations
@@ -24,14 +36,29 @@ import time
 from pathlib import Path
 
 import numpy as np
+import yaml
 
 import llm_envs
-from trainers.config import ConfigError, fail
+from trainers.config import ConfigError, fail, make_env
+from trainers.models import load_model
+from trainers.rollout import evaluate
 from trainers.run_dir import RunDirError, read_jsonl
+from trainers.splits import VALIDATION
 
 ALGORITHMS = ("grpo", "ppo")
 METRICS = ("eval_pass@1", "eval_reward")
-OWN = ("--beta", "--lr", "--out", "--resume")  # set by the sweep per run
+OWN = ("--beta", "--lr", "--out", "--resume", "--val-size")  # set by the sweep per run
+MIN_VALIDATION = 8  # a carved validation split holds at least this many examples, and leaves as many to train on
+
+
+def size(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not (0 < value < 1 or (value >= 1 and value.is_integer())):
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1) or a number of examples, got {text!r}")
+    return value
 
 
 def floats(text: str) -> list[float]:
@@ -50,13 +77,17 @@ def parse(argv: list[str] | None):
     parser.add_argument("algorithm", choices=ALGORITHMS)
     parser.add_argument("--betas", type=floats, default=[1e-3, 5e-3], help="KL coefficients (default: 1e-3,5e-3)")
     parser.add_argument("--lrs", type=floats, default=[1e-6, 1e-5], help="learning rates (default: 1e-6,1e-5)")
-    parser.add_argument("--metric", choices=METRICS, default="eval_pass@1", help="what 'best' maximises (default: eval_pass@1)")
+    parser.add_argument("--metric", choices=METRICS, default="eval_pass@1",
+                        help="what 'best' maximises on the validation split (default: eval_pass@1)")
+    parser.add_argument("--val-size", type=size, default=0.1,
+                        help="validation split carved from train: a fraction of it or a number of examples (default 0.1)")
+    parser.add_argument("--val-split", help="select on this existing split of the env instead of carving one")
     parser.add_argument("--out", help="sweep directory (default runs/sweep-ALGO-ENV-TIME)")
     parser.add_argument("--keep-all", action="store_true", help="keep every run's weights, not only the best's")
     args, rest = parser.parse_known_args(argv)
     for flag in rest:
         if flag.split("=")[0] in OWN:
-            parser.error(f"{flag.split('=')[0]} is set by the sweep (use --betas, --lrs, --out)")
+            parser.error(f"{flag.split('=')[0]} is set by the sweep (use --betas, --lrs, --out, the sweep's --val-size)")
     return args, rest
 
 
@@ -64,16 +95,60 @@ def run_name(beta: float, lr: float) -> str:
     return f"beta={beta:g}_lr={lr:g}"
 
 
+def validation_flags(args, env, report_split: str) -> list[str]:
+    """The trainer flags that make every run evaluate on the validation split: a carved one
+    (``--val-size K --eval-split validation``) or ``--val-split``'s; refuses what cannot work."""
+    if args.val_split:
+        if args.val_split == report_split:
+            raise ConfigError(f"--val-split {args.val_split}: that is the split the sweep reports (--eval-split); "
+                              f"select on another one")
+        try:
+            env.examples(args.val_split)
+        except KeyError as exc:
+            raise ConfigError(f"--val-split: {exc.args[0]}") from None
+        return ["--eval-split", args.val_split]
+    n = len(env.examples("train"))
+    k = round(args.val_size * n) if args.val_size < 1 else int(args.val_size)
+    if k < MIN_VALIDATION or n - k < MIN_VALIDATION:
+        raise ConfigError(f"--val-size {args.val_size:g}: {k} of the {n} training examples would be held out; a "
+                          f"validation split carved from train needs at least {MIN_VALIDATION} examples and must "
+                          f"leave as many to train on. Select on a split the env has with --val-split NAME (e.g. "
+                          f"--env-args '{{\"data\": {{\"{VALIDATION}\": \"val.jsonl\"}}}}' --val-split {VALIDATION})")
+    return ["--val-size", str(k), "--eval-split", VALIDATION]
+
+
 def outcome(path: Path, metric: str) -> dict:
-    """The final held-out metrics and the late training reward of one finished run."""
+    """The final held-out (validation) metrics and the late training reward of one finished run."""
     log = read_jsonl(path / "log.jsonl")
     evals = [r for r in log if "eval_reward" in r]
     train = [r["reward_mean"] for r in log if "reward_mean" in r]
     late = float(np.mean(train[-max(1, len(train) // 5):])) if train else float("-inf")
     last = evals[-1] if evals else {}
     other = [m for m in METRICS if m != metric][0]
-    return {"run": path.name, metric: last.get(metric, float("-inf")), other: last.get(other, float("-inf")),
-            "train_reward_late": late, "samples": max([r.get("samples", 0) for r in log] or [0])}
+    return {"run": path.name, "split": read_config(path).get("eval_split"), metric: last.get(metric, float("-inf")),
+            other: last.get(other, float("-inf")), "train_reward_late": late,
+            "samples": max([r.get("samples", 0) for r in log] or [0])}
+
+
+def read_config(path: Path) -> dict:
+    return yaml.safe_load((path / "config.yaml").read_text()) or {}
+
+
+def measure_selected(run: Path, env, cfg, split: str) -> dict:
+    """The selected run's final model measured on the reported ``split`` (once: kept in test.json)."""
+    done = run / "test.json"
+    if done.is_file():
+        saved = json.loads(done.read_text())
+        if saved.get("split") == split:
+            return saved
+    model, tokenizer = load_model(str(run / "final"), device=cfg.device)
+    with llm_envs.BatchScorer(env, cfg.score_workers) as scorer:
+        scores = evaluate(model, tokenizer, scorer, split, cfg.max_new_tokens or env.max_new_tokens,
+                          cfg.gen_batch_size, cfg.eval_limit)
+    result = {"run": run.name, "split": split, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
+              "n": scores["n"]}
+    done.write_text(json.dumps(result) + "\n")
+    return result
 
 
 def sweep(argv: list[str] | None = None) -> Path:
@@ -81,6 +156,14 @@ def sweep(argv: list[str] | None = None) -> Path:
     trainer = __import__(f"trainers.{args.algorithm}", fromlist=["resolve", "train"])
     # Validate the trainer's flags once, before any run starts.
     base = trainer.resolve(rest + ["--out", "unused", "--beta", str(args.betas[0]), "--lr", str(args.lrs[0])])
+    report = base.eval_split  # what the sweep reports for the selected run, never selects on
+    env = make_env(base.env, base.env_args, splits=("train",))  # bad options end here, before OUT exists
+    try:
+        env.examples(report)
+    except KeyError as exc:
+        raise ConfigError(f"--eval-split (the split the sweep reports): {exc.args[0]}") from None
+    rest = rest + validation_flags(args, env, report)  # later flags win: the runs evaluate on validation
+    trainer.resolve(rest + ["--out", "unused", "--beta", str(args.betas[0]), "--lr", str(args.lrs[0])])
     out = Path(args.out or f"runs/sweep-{args.algorithm}-{base.env}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
     grid = [(beta, lr) for beta in args.betas for lr in args.lrs]
@@ -100,9 +183,12 @@ def sweep(argv: list[str] | None = None) -> Path:
 
     other = [m for m in METRICS if m != args.metric][0]
     results = [json.loads((out / run_name(b, lr) / "result.json").read_text()) for b, lr in grid]
+    # Selection: validation numbers only.
     best = max(results, key=lambda r: (r[args.metric], r[other], r["train_reward_late"]))
+    test = measure_selected(out / best["run"], env, base, report)
+    env.close()
     summary = {"algorithm": args.algorithm, "metric": args.metric, "grid": {"beta": args.betas, "lr": args.lrs},
-               "best": best["run"], "results": results}
+               "selected_on": results[0].get("split"), "best": best["run"], "results": results, "test": test}
     (out / "sweep.json").write_text(json.dumps(summary, indent=1) + "\n")
     link = out / "best"
     if link.is_symlink() or link.exists():
@@ -114,18 +200,20 @@ def sweep(argv: list[str] | None = None) -> Path:
                 shutil.rmtree(out / r["run"] / "final", ignore_errors=True)
                 shutil.rmtree(out / r["run"] / "checkpoints", ignore_errors=True)
     width = max(len(r["run"]) for r in results)
+    print(f"on the {summary['selected_on']} split:", file=sys.stderr)
     for r in results:
         mark = "  <- best" if r["run"] == best["run"] else ""
         print(f"{r['run']:<{width}}  {args.metric} {r[args.metric]:.4f}  {other} {r[other]:.4f}  "
               f"train reward (late) {r['train_reward_late']:.4f}{mark}", file=sys.stderr)
-    print(f"best: {out / best['run']} (linked as {link})", file=sys.stderr)
+    print(f"best: {out / best['run']} (linked as {link}); on the {report} split (n={test['n']}): "
+          f"eval_pass@1 {test['eval_pass@1']:.4f}  eval_reward {test['eval_reward']:.4f}", file=sys.stderr)
     return out
 
 
 def main(argv: list[str] | None = None) -> None:
     try:
         sweep(argv)
-    except (ConfigError, RunDirError, llm_envs.DataError) as exc:
+    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:
         fail(str(exc))
 
 
