@@ -151,12 +151,26 @@ def _start_failure(env: Scorable, why: str) -> WorkerStartError:
                             f"{advice} (the worker's own error is printed above).")
 
 
+def start_method() -> str:
+    """How worker processes start. ``forkserver`` where possible: workers never inherit the
+    trainer's threads (torch, tqdm, tensorboard). But a forkserver (or spawn) child re-imports a
+    main *script* and re-runs its top-level code, which in a script without an
+    ``if __name__ == "__main__":`` guard scores again and starts workers again (and an env class
+    defined in such a script exists only there). So when the main program is a script run by path
+    (or read from stdin), workers are forked: they get the script's classes without re-running it."""
+    main = sys.modules.get("__main__")
+    by_path = getattr(main, "__file__", None) is not None and getattr(getattr(main, "__spec__", None), "name", None) is None
+    from_stdin = getattr(main, "__file__", "") == "<stdin>" or (main is not None and not hasattr(main, "__file__"))
+    if (by_path or from_stdin) and "fork" in mp.get_all_start_methods():
+        return "fork"
+    return "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+
+
 class _Worker:
     """One scoring process and the pipe to it."""
 
     def __init__(self, env: Scorable):
-        # forkserver: workers never inherit the trainer's threads (torch, tqdm, tensorboard)
-        ctx = mp.get_context("forkserver")
+        ctx = mp.get_context(start_method())
         self.conn, child = ctx.Pipe()
         self.process = ctx.Process(target=_serve, args=(child, env), daemon=True, name="llm_envs-scorer")
         try:

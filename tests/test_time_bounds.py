@@ -1,7 +1,7 @@
 """Every entry point that scores model text returns in bounded time (``step``, ``score``,
 ``score_batch``): a cheap pure-Python scorer under an in-process timer, any other scorer in a
-worker process killed at the deadline; and a script without the ``__main__`` guard fails fast
-with an error that names the guard, or works."""
+worker process killed at the deadline; and a script without the ``__main__`` guard works (its
+workers are forked), or, where workers must re-import it, fails fast with an error naming the guard."""
 
 import json
 import os
@@ -143,9 +143,22 @@ def test_a_script_without_the_main_guard_works_or_fails_fast_naming_the_guard(en
                           env={**os.environ, "PYTHONPATH": path}, cwd=tmp_path)
     seconds = time.monotonic() - start
     assert seconds < 30, (seconds, proc.stderr[-2000:])
-    if env_id == "CheapEcho-v0":  # scored in the script's own process: no worker, nothing to re-import
-        assert proc.returncode == 0 and "reward 1.0" in proc.stdout, proc.stderr[-2000:]
-    else:
-        last = proc.stderr.strip().splitlines()[-1]
-        assert proc.returncode != 0 and "WorkerStartError" in last, proc.stderr[-2000:]
-        assert 'if __name__ == "__main__":' in last and str(script) in last
+    # CheapEcho: scored in the script's own process; Echo: in a worker forked from the script, which
+    # does not re-run the script's top-level code
+    assert proc.returncode == 0 and "reward 1.0" in proc.stdout, proc.stderr[-2000:]
+
+
+def test_a_worker_that_cannot_start_is_a_clear_error_naming_the_cause(tmp_path):
+    """Where workers must re-import the main script (no fork), an unguarded one fails fast with
+    advice naming the missing guard."""
+    script = tmp_path / "user_script.py"
+    script.write_text(UNGUARDED.format(env_id="Echo-v0").replace(
+        "import llm_envs, toy_envs", "import llm_envs, toy_envs\nllm_envs.scoring.start_method = lambda: 'spawn'"))
+    path = os.pathsep.join([str(ROOT), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": path}, cwd=tmp_path)
+    assert time.monotonic() - start < 30, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode != 0 and "WorkerStartError" in last, proc.stderr[-2000:]
+    assert 'if __name__ == "__main__":' in last and str(script) in last
