@@ -59,9 +59,9 @@ class TaskEnv(gym.Env[str, str]):
     Scoring is bounded in time: ``step``, ``score`` and ``score_batch`` give each completion at
     most ``score_timeout`` seconds, in this process under a timer when ``score_workers == 0`` (the
     scorer is cheap pure Python and this is the main thread), else in a worker process killed at
-    the deadline; a completion not scored in time gets reward 0 and ``error="timeout"``. A script
-    that scores in worker processes needs the ``if __name__ == "__main__":`` guard (workers
-    re-import it); without one it fails at once with an error that says so.
+    the deadline; a completion not scored in time gets reward 0 and ``error="timeout"``. Workers
+    of a main script are forked from it (``scoring.start_method``), so a script needs no
+    ``if __name__ == "__main__":`` guard; a worker that cannot start fails at once, naming why.
 
     Args:
         data: ``{split: path}`` of JSON/JSONL files that replace built-in splits.

@@ -135,7 +135,11 @@ def _start_failure(env: Scorable, why: str) -> WorkerStartError:
     """The error for a worker that died before it could say why (in multiprocessing's start-up)."""
     main = sys.modules.get("__main__")
     script = getattr(main, "__file__", None)
-    if script and getattr(getattr(main, "__spec__", None), "name", None) is None:
+    if start_method() == "fork":  # a forked worker re-imports nothing: the guard is not the cause
+        advice = ("the worker died while starting; it was forked from this process, so the cause is in the "
+                  "environment object sent to it (it must be picklable) or in the process's resources "
+                  "(memory, process limits)")
+    elif script and getattr(getattr(main, "__spec__", None), "name", None) is None:
         if os.path.isfile(script):
             advice = (f"the script {script} has no `if __name__ == \"__main__\":` guard around the code that "
                       f"scores completions: worker processes re-import the main script, re-run its top-level "
