@@ -20,12 +20,13 @@ from collections.abc import Sequence
 import torch
 
 from trainers.logprobs import pad, token_logprobs
+from trainers.losses import kl_k3
 
 
 def k3(logp_base: torch.Tensor, logp_model: torch.Tensor) -> torch.Tensor:
-    """Elementwise ``r - log r - 1`` with ``log r = logp_base - logp_model`` (float64)."""
-    log_r = logp_base.double() - logp_model.double()
-    return torch.expm1(log_r) - log_r  # = r - 1 - log r, accurate near r = 1
+    """Elementwise ``r - log r - 1`` with ``log r = logp_base - logp_model``, in float64 (the
+    trainers' ``kl_k3``, the one implementation of the estimator)."""
+    return kl_k3(logp_model.double(), logp_base.double())
 
 
 @torch.inference_mode()

@@ -95,6 +95,14 @@ def test_abbreviated_flags_are_refused_also_with_resume(tmp_path, capsys):
     with pytest.raises(SystemExit):
         grpo.resolve(["--resume", run, "--step", "3"])
     assert "unrecognized arguments: --step" in capsys.readouterr().err
+    (tmp_path / "ppo").mkdir()
+    ppo_run = saved_run(tmp_path / "ppo", "ppo", "--steps", "3")
+    with pytest.raises(SystemExit):
+        ppo.resolve(["--resume", ppo_run, "--step", "3"])
+    assert "unrecognized arguments: --step" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # python -m eval: --sample is not --samples
+        eval_cli.main(["--env", "Conciseness-v0", "--sample", "4"])
+    assert "unrecognized arguments: --sample" in capsys.readouterr().err
 
 
 def test_flags_given_with_resume_override_the_saved_config_and_only_they(tmp_path):

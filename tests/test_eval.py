@@ -287,6 +287,23 @@ def test_another_dtype_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
         cli.main([*args, "--dtype", "bf16"])
 
 
+def test_another_device_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
+    """GPU generations are never served to a CPU evaluation (or back): the device type is in the key."""
+    from eval.harness import LazyModel
+
+    args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    cli.main(args)
+    monkeypatch.setattr(LazyModel, "runtime", property(lambda self: {"device": "cuda", "dtype": "float32"}))
+    assert not cli.main(args)[0]["cached"]  # the same weights and dtype on another device: generated anew
+
+
+def test_default_splits_are_the_envs_eval_splits(tiny_model_dir, tmp_path, monkeypatch):
+    env_class = llm_envs.registry.env_class("Conciseness-v0")
+    monkeypatch.setattr(env_class, "eval_splits", ("train", "test"))
+    results = cli.main([*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", "off"])
+    assert [r["split"] for r in results] == ["train", "test"]
+
+
 def test_cache_key_is_order_independent_and_cache_can_be_off(tmp_path):
     assert cache_key(a=1, b=[1, 2]) == cache_key(b=[1, 2], a=1) != cache_key(a=1, b=[2, 1])
     off = Cache(tmp_path, enabled=False)

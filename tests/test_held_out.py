@@ -47,3 +47,27 @@ def test_trainer_pass_at_1_equals_the_harness(name, tmp_path, tiny_model_dir, mo
     assert summary["reward_mean"] == final["eval_reward"]
     assert summary["reward_mean"] != 0.0  # a real comparison, not two zeros
     assert Path(summary["file"]).is_file()
+
+
+def test_distributed_held_out_evaluation_is_shared_across_ranks(tiny_model, tiny_tokenizer, monkeypatch):
+    """With P processes each evaluates every P-th example (disjoint shares covering the split), and
+    the summed counts give every rank the numbers one process measures alone."""
+    import llm_envs
+
+    env = llm_envs.make("Conciseness-v0")
+    scorer = llm_envs.BatchScorer(env, 0)
+    seen: list[list[str]] = []
+    real = rollout.rollout
+    monkeypatch.setattr(rollout, "rollout", lambda m, t, s, examples, *a, **k: seen.append([e.id for e in examples])
+                        or real(m, t, s, examples, *a, **k))
+    alone = rollout.evaluate(tiny_model, tiny_tokenizer, scorer, "test", 6)
+    partial = []
+    for rank in range(3):
+        partial.append(None)
+        rollout.evaluate(tiny_model, tiny_tokenizer, scorer, "test", 6, rank=rank, world=3,
+                         all_sum=lambda sums, rank=rank: partial.__setitem__(rank, sums.copy()) or sums)
+    everything, *shares = seen
+    assert sorted(sum(shares, [])) == sorted(everything) and all(shares)  # disjoint shares, the whole split
+    assert len({tuple(s) for s in shares}) == 3
+    total = sum(partial)  # what the all-reduce gives every rank
+    assert total[0] / total[2] == alone["pass@1"] and total[1] / total[2] == pytest.approx(alone["reward"])

@@ -36,7 +36,7 @@ def kl_k3(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
     """Per-token k3 estimate of KL(policy || ref): ``exp(ref - logp) - (ref - logp) - 1`` (>= 0,
     unbiased for tokens sampled from the policy, exactly 0 where the two agree)."""
     d = ref_logp - logp
-    return torch.exp(d) - d - 1
+    return torch.expm1(d) - d  # = exp(d) - 1 - d, accurate near d = 0
 
 
 def kl_k1(logp: torch.Tensor, ref_logp: torch.Tensor) -> torch.Tensor:
