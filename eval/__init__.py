@@ -19,7 +19,8 @@ from typing import Any
 import yaml
 
 #: Table 1's method columns, in the paper's order; other labels follow in order of appearance.
-METHOD_ORDER: tuple[str, ...] = ("Original", "PPO", "GRPO (8)", "GRPO (30)", "GRPO", "GRPO-verl", "Dr.GRPO", "ES")
+METHOD_ORDER: tuple[str, ...] = ("Original", "PPO", "GRPO (8)", "GRPO (30)", "GRPO", "GRPO-verl", "Dr.GRPO", "ES", "ES (full-rank)",
+                                  "ES (low-rank)")
 #: Config keys that are a run's hyperparameters in Table 2 (first present name of each group).
 HPARAM_KEYS: tuple[tuple[str, ...], ...] = (("beta", "kl_coef", "kl_beta"), ("lr", "learning_rate"), ("alpha",),
                                             ("sigma",))
@@ -95,7 +96,7 @@ def hparams_of(config: dict[str, Any], method: str) -> dict[str, Any]:
     out = {}
     for names in HPARAM_KEYS:
         for name in names:
-            if config.get(name) is not None and (method == "ES" or name not in ("alpha", "sigma")):
+            if config.get(name) is not None and (method.startswith("ES") or name not in ("alpha", "sigma")):
                 out[name] = config[name]
                 break
     return out

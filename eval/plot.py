@@ -4,6 +4,7 @@
   sample budget (generated responses), one line per run, one colour per method;
 - ``pareto-ENV-SPLIT.png``: mean reward against mean KL to the base model, every measured model
   (final or checkpoint) a point, and each method's Pareto front (the paper's Figure 2);
+- ``plot_seed_bands``: training reward against samples, mean and std band over seeds (``benchmarks.study``);
 - ``improvement.png``: greedy pass@1 gain over the base model, per base model and method.
 
     python -m eval.plot runs/ runs/eval/ --out plots/ [--kind curves|pareto|improvement|all]
@@ -22,8 +23,8 @@ from eval import find_runs, infer_method, load_results, model_name, read_log
 from eval.table import finals, is_greedy, group_by, order_methods, reward_of
 
 #: The paper's colours: ES blue, GRPO black; the rest from matplotlib's cycle.
-COLORS = {"ES": "tab:blue", "GRPO": "black", "GRPO (8)": "black", "GRPO (30)": "dimgray", "Dr.GRPO": "tab:green",
-          "PPO": "tab:orange", "Original": "tab:gray"}
+COLORS = {"ES": "tab:blue", "ES (full-rank)": "tab:blue", "ES (low-rank)": "tab:cyan", "GRPO": "black",
+          "GRPO (8)": "black", "GRPO (30)": "dimgray", "Dr.GRPO": "tab:green", "PPO": "tab:orange", "Original": "tab:gray"}
 _CYCLE = ["tab:red", "tab:purple", "tab:brown", "tab:pink", "tab:olive", "tab:cyan"]
 
 
@@ -93,6 +94,35 @@ def plot_curves(runs: list[Path], out: Path) -> list[Path]:
         fig.tight_layout()
         files.append(_save(fig, out / f"curves-{_safe(env)}.png"))
     return files
+
+
+def plot_seed_bands(curves: dict[str, list[tuple[list[float], list[float]]]], path: Path, title: str) -> Path:
+    """Training reward against samples: per label, the mean over its seeds' (samples, reward)
+    curves and a band of one std (seeds of one method share their sample points; a shorter
+    curve, of an unfinished run, is cut to the common length)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    colors: dict[str, str] = {}
+    for label, seeds in curves.items():
+        seeds = [(x, y) for x, y in seeds if x]
+        if not seeds:
+            continue
+        length = min(len(x) for x, _ in seeds)
+        xs = seeds[0][0][:length]
+        ys = [y[:length] for _, y in seeds]
+        mean = [sum(col) / len(col) for col in zip(*ys)]
+        std = [(sum((v - m) ** 2 for v in col) / len(col)) ** 0.5 for col, m in zip(zip(*ys), mean)]
+        color = _color(label.rsplit(" (", 1)[0], colors)  # "METHOD (setting)": one colour per method
+        ax.plot(xs, mean, color=color, label=f"{label}, {len(ys)} seed(s)")
+        ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color,
+                        alpha=0.2, lw=0)
+    ax.set_xlabel("samples (generated training responses)")
+    ax.set_ylabel("training reward (mean over population/batch)")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _save(fig, path)
 
 
 # ----- reward-KL Pareto front ------------------------------------------------------------------------

@@ -6,9 +6,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("llm_envs", "trainers", "eval", "benchmarks")
-#: Which packages each package may import (its own modules and the layers below it).
+#: Which packages each package may import (its own modules and the layers below it). benchmarks is
+#: the top: its study runs the trainers and measures their models with the eval harness.
 ALLOWED = {"llm_envs": {"llm_envs"}, "trainers": {"llm_envs", "trainers"},
-           "eval": {"llm_envs", "trainers", "eval"}, "benchmarks": {"llm_envs", "trainers", "benchmarks"}}
+           "eval": {"llm_envs", "trainers", "eval"}, "benchmarks": {"llm_envs", "trainers", "eval", "benchmarks"}}
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:

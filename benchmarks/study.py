@@ -1,0 +1,392 @@
+"""Test the paper's claims in one command: ES (full-rank and low-rank) against GRPO, Dr.GRPO and PPO
+on one environment, over seeds and small hyperparameter grids, at an equal sample budget.
+
+    python -m benchmarks.study --env Conciseness-v0 --seeds 4 --max-samples 256 --out runs/study
+    python -m benchmarks.study --config benchmarks/configs/study_conciseness_cpu.yaml
+    python -m benchmarks.study --config benchmarks/configs/study_countdown_qwen2.5-7b.yaml  # the paper's GPU setting
+
+The protocol, as in the paper:
+- Every method trains the same model on the same environment, training prompts, generation budget
+  (``--max-new-tokens``) and held-out split, and stops at the same number of generated training
+  responses (``--max-samples``; no run exceeds it).
+- ES runs one fixed setting per sigma of a small grid (``--sigmas``), alpha = ``--alpha-ratio`` x
+  sigma (the paper's Conciseness runs: sigma/2). The RL methods run the grid beta x learning rate
+  (``--betas`` with a beta = 0 arm, ``--lrs``). Every grid point runs every seed and is recorded.
+- Each method's setting is selected on a validation split, never on the test split: the env's own
+  ``validation`` split, else one carved from train (``--val-size``), else, for train splits too
+  small to carve (Conciseness-v0 has 2 prompts), the training prompts themselves.
+- Every final model and the base model are measured by the eval harness (``eval.harness``) on the
+  test split: greedy pass@1, and ``--kl-samples`` sampled responses per prompt at temperature 1
+  with KL to the base model (Conciseness-v0: the paper's 20).
+
+Writes under OUT: ``table1.md`` (test pass@1 per method, mean ± std over seeds, at its selected
+setting), ``table2.md`` (the paper's Table 2 layout: reward and KL, mean ± std over seeds, per
+method and setting), ``runs.md`` (every run: validation, test, KL, reward-hacking flag),
+``seed_variance.md``, ``pareto-ENV-SPLIT.png`` (every seed's model, each method's front),
+``curves.png`` (training reward against samples, mean and band over seeds) and ``results.json``
+(every number). Runs live in OUT/runs/METHOD/SETTING/seed=S, evaluations in OUT/evals. A killed
+study resumes where it stopped when run again with the same arguments: finished runs and
+evaluations are not redone, an unfinished run resumes from its last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+import llm_envs
+from benchmarks.study_report import ORIGINAL, hacked, write_report
+from trainers.config import ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
+from trainers.run_dir import RunDirError, read_jsonl
+from trainers.splits import VALIDATION
+
+METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
+#: How tables and plots name each method.
+LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
+          "ppo": "PPO"}
+MIN_VALIDATION = 8  # a carved validation split holds at least this many examples, and leaves as many to train on
+
+
+@dataclass
+class StudyConfig:
+    env: str = field(default="Conciseness-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
+    seeds: int = field(default=4, metadata={"help": "seeds per method and setting (runs use seeds 0..K-1)"})
+    max_samples: int = field(default=256, metadata={"help": "generated training responses per run, the same for "
+                                                            "every method (no run exceeds it)"})
+    model: str = field(default="smollm2-135m", metadata={"help": "base model: Hugging Face id, local directory, or smollm2-135m"})
+    out: str | None = field(default=None, metadata={"help": "study directory (default runs/study-ENV-TIME); "
+                                                            "running again with the same --out resumes"})
+    methods: str = field(default=",".join(METHODS), metadata={"help": f"comma-separated subset of {', '.join(METHODS)}"})
+    sigmas: str = field(default="5e-4,1e-3", metadata={"help": "ES sigma grid, one setting each"})
+    alpha_ratio: float = field(default=0.5, metadata={"help": "ES alpha = alpha_ratio x sigma (the paper's Conciseness: 0.5)"})
+    population: int = field(default=8, metadata={"help": "N of full-rank ES"})
+    lowrank_population: int = field(default=32, metadata={"help": "N of low-rank ES (one batched generation per iteration)"})
+    rank: int = field(default=1, metadata={"help": "R of low-rank ES"})
+    mirrored: bool = field(default=True, metadata={"help": "ES antithetic pairs"})
+    betas: str = field(default="0,1e-3", metadata={"help": "RL KL-coefficient grid (include 0: the no-KL arm)"})
+    lrs: str = field(default="1e-6,1e-5", metadata={"help": "RL learning-rate grid"})
+    group_size: int = field(default=8, metadata={"help": "RL responses per prompt (GRPO's G; PPO samples as many)"})
+    batch_size: int | None = field(default=None, metadata={"help": "training prompts per ES iteration and RL step "
+                                                                   "(default: the whole train split, at most 8)"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget of training and evaluation (default: the env's)"})
+    metric: str | None = field(default=None, metadata={"help": "validation metric a setting is selected by (default: "
+                                                                "eval_reward for Conciseness-v0, else eval_pass@1)",
+                                                        "choices": ["eval_pass@1", "eval_reward"]})
+    val_size: int | None = field(default=None, metadata={"help": "validation examples carved from train (default: 10%, "
+                                                                 f"at least {MIN_VALIDATION}, when train is large enough)"})
+    eval_split: str = field(default="test", metadata={"help": "the split the study reports"})
+    eval_limit: int | None = field(default=None, metadata={"help": "measure the first K examples of the validation and test splits"})
+    kl_samples: int | None = field(default=None, metadata={"help": "sampled responses per test prompt for reward and KL "
+                                                                   "(default: 20 for Conciseness-v0, else 1; 0: none)"})
+    env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 (default: fp32 on CPU, bf16 on CUDA)"})
+    keep_weights: bool = field(default=False, metadata={"help": "keep every run's final model (default: deleted once measured)"})
+
+    def validate(self) -> None:
+        try:
+            env_id = llm_envs.registry.resolve_id(self.env)
+        except llm_envs.UnknownEnvError as exc:
+            raise ConfigError(f"--env: {exc}") from None
+        unknown = [m for m in self.method_list if m not in METHODS]
+        check(not unknown, "methods", f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+        check(bool(self.method_list), "methods", "name at least one method")
+        check(self.seeds >= 1, "seeds", "must be >= 1")
+        check(self.max_samples >= 1, "max_samples", "must be >= 1")
+        for name in ("sigmas", "betas", "lrs"):
+            values = self.grid(name)
+            check(all(math.isfinite(v) for v in values), name, "must be finite numbers")
+        check(all(s > 0 for s in self.grid("sigmas")), "sigmas", "must be > 0")
+        check(all(b >= 0 for b in self.grid("betas")), "betas", "must be >= 0")
+        check(all(lr > 0 for lr in self.grid("lrs")), "lrs", "must be > 0")
+        check(self.alpha_ratio > 0, "alpha_ratio", "must be > 0")
+        for name in ("population", "lowrank_population"):
+            check(getattr(self, name) >= 2, name, "must be >= 2")
+            check(not self.mirrored or getattr(self, name) % 2 == 0, name, "must be even with --mirrored")
+        check(self.rank >= 1, "rank", "must be >= 1")
+        check(self.group_size >= 2, "group_size", "must be >= 2 (GRPO's advantages are relative to the group)")
+        check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
+        check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
+        env_kwargs(self.env_args)
+        if self.metric is None:
+            self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
+        if self.kl_samples is None:
+            self.kl_samples = 20 if env_id == "Conciseness-v0" else 1
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+    def grid(self, name: str) -> list[float]:
+        try:
+            return [float(v) for v in getattr(self, name).split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"--{name}: expected comma-separated numbers, got {getattr(self, name)!r}") from None
+
+
+# ----- the plan: every run of the study ---------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    method: str
+    setting: str  # e.g. "sigma=0.001" or "beta=0_lr=1e-05"
+    hparams: dict[str, float]
+    seed: int
+    path: Path
+
+    @property
+    def label(self) -> str:
+        return LABELS[self.method]
+
+
+def settings(cfg: StudyConfig, method: str) -> list[tuple[str, dict[str, float]]]:
+    """The grid points of ``method``: (name, hyperparameters)."""
+    if method.startswith("es_"):
+        return [(f"sigma={s:g}", {"sigma": s, "alpha": cfg.alpha_ratio * s}) for s in cfg.grid("sigmas")]
+    return [(f"beta={b:g}_lr={lr:g}", {"beta": b, "lr": lr}) for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
+
+
+def plan(cfg: StudyConfig, out: Path) -> list[Run]:
+    return [Run(m, name, hp, seed, out / "runs" / m / name / f"seed={seed}")
+            for seed in range(cfg.seeds) for m in cfg.method_list for name, hp in settings(cfg, m)]
+
+
+def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
+    """Responses one iteration (ES) or one sampled batch (RL) of ``method`` generates."""
+    if method == "es_full":
+        return cfg.population * prompts
+    if method == "es_lowrank":
+        return cfg.lowrank_population * prompts
+    return prompts * cfg.group_size
+
+
+def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
+    """The split settings are selected on, and the trainer flags that make runs evaluate there."""
+    if VALIDATION in env.split_names or VALIDATION in env.data:
+        return VALIDATION, ["--eval-split", VALIDATION]
+    n = len(env.examples("train"))
+    k = cfg.val_size or max(MIN_VALIDATION, round(0.1 * n))
+    if cfg.val_size or n - k >= MIN_VALIDATION:
+        if k < 1 or n - k < 1:
+            raise ConfigError(f"--val-size {k}: the train split has {n} examples")
+        return VALIDATION, ["--val-size", str(k), "--eval-split", VALIDATION]
+    return "train", ["--eval-split", "train"]  # too small to carve: select on the training prompts
+
+
+def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:
+    argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
+            "--max-samples", str(cfg.max_samples), "--batch-size", str(prompts), "--eval-every", "0", *validation]
+    for name in ("max_new_tokens", "eval_limit", "env_args", "device"):
+        if getattr(cfg, name) is not None:
+            argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
+    steps = cfg.max_samples // per_step(cfg, run.method, prompts)
+    hp = {k: repr(v) for k, v in run.hparams.items()}
+    if run.method.startswith("es_"):
+        lowrank = run.method == "es_lowrank"
+        argv += ["--iterations", str(steps), "--checkpoint-every", str(max(1, steps)),  # resume replays the seeds
+                 "--population", str(cfg.lowrank_population if lowrank else cfg.population),
+                 "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
+                 "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
+        if cfg.dtype:
+            argv += ["--dtype", cfg.dtype]
+    else:
+        argv += ["--steps", str(steps), "--checkpoint-every", str(max(1, steps // 4)), "--group-size",
+                 str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"]]
+        argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
+    return argv
+
+
+def trainer_of(method: str):
+    name = {"es_full": "es", "es_lowrank": "es", "grpo": "grpo", "dr_grpo": "grpo", "ppo": "ppo"}[method]
+    return __import__(f"trainers.{name}", fromlist=["resolve", "train"])
+
+
+# ----- running and measuring ----------------------------------------------------------------------------
+
+
+def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
+    """Train ``run`` unless its final model exists; an interrupted run resumes."""
+    if (run.path / "final").is_dir():
+        return
+    trainer = trainer_of(run.method)
+    if (run.path / "config.yaml").is_file():
+        trainer.train(trainer.resolve(["--resume", str(run.path)]))
+    else:
+        trainer.train(trainer.resolve(argv))
+
+
+def evaluations(cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
+    """(name, eval options) of the measurements every model gets on the test split."""
+    greedy = {"samples": 1, "temperature": 0.0}
+    out = [("greedy", greedy)]
+    if cfg.kl_samples:
+        out.append(("kl", {"samples": cfg.kl_samples, "temperature": 1.0, "kl_to": "base"}))
+    return out
+
+
+def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options: dict[str, Any],
+            cache: Path) -> dict[str, Any]:
+    """One harness evaluation on the reported split (its summary is reused if already written;
+    generations are cached in the study's own ``cache``)."""
+    from eval.harness import EvalConfig, run
+
+    done = out / "summary.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    values = dict(env=cfg.env, model=model, split=cfg.eval_split, out=str(out), max_new_tokens=cfg.max_new_tokens,
+                  limit=cfg.eval_limit, label=label, env_args=cfg.env_args, device=cfg.device, dtype=cfg.dtype,
+                  cache=str(cache), **options)
+    summary = run(build_config(EvalConfig, values))[0]
+    done.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def validation_result(run: Run, metric: str) -> dict[str, Any]:
+    """The run's final held-out numbers on the validation split and its training curve, from its log."""
+    log = read_jsonl(run.path / "log.jsonl")
+    evals = [r for r in log if "eval_reward" in r]
+    train = [r for r in log if "reward_mean" in r]
+    last = evals[-1] if evals else {}
+    return {"eval_pass@1": last.get("eval_pass@1"), "eval_reward": last.get("eval_reward"),
+            "curve_samples": [r["samples"] for r in train], "curve_reward": [r["reward_mean"] for r in train],
+            "samples": train[-1]["samples"] if train else 0, "seconds": sum(r.get("seconds", 0.0) for r in train)}
+
+
+def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any]:
+    """Train, validate and measure one run (each step skipped when done before); its record."""
+    record_file = run.path / "study_record.json"
+    if record_file.is_file():
+        bar.update(1 + len(evaluations(cfg)))
+        return json.loads(record_file.read_text())
+    bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: training")
+    start = time.perf_counter()
+    train_run(cfg, run, argv)
+    bar.update(1)
+    record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
+              "seed": run.seed, "run": str(run.path), "validation": validation_result(run, cfg.metric)}
+    for name, options in evaluations(cfg):
+        bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
+        record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
+        bar.update(1)
+    record["wall_seconds"] = time.perf_counter() - start
+    record_file.write_text(json.dumps(record, indent=1) + "\n")
+    if not cfg.keep_weights:  # the numbers are on disk; a 7B model per run is not
+        for sub in ("final", "checkpoints"):
+            shutil.rmtree(run.path / sub, ignore_errors=True)
+    return record
+
+
+def brief(summary: dict[str, Any]) -> dict[str, Any]:
+    """What the study keeps of a harness summary."""
+    keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
+            "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
+            "kl_std", "kl_estimator", "errors", "file")
+    return {k: summary.get(k) for k in keys}
+
+
+# ----- aggregating ---------------------------------------------------------------------------------------
+
+
+def select(cfg: StudyConfig, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per method, the setting with the best mean validation metric over seeds (ties: the other
+    metric). Test numbers play no part."""
+    other = "eval_reward" if cfg.metric == "eval_pass@1" else "eval_pass@1"
+    chosen = {}
+    for method in cfg.method_list:
+        by_setting: dict[str, list[dict[str, Any]]] = {}
+        for r in records:
+            if r["method"] == method:
+                by_setting.setdefault(r["setting"], []).append(r)
+        score = {s: (float(np.mean([r["validation"][cfg.metric] or 0.0 for r in rs])),
+                     float(np.mean([r["validation"][other] or 0.0 for r in rs]))) for s, rs in by_setting.items()}
+        best = max(score, key=score.get)
+        chosen[method] = {"setting": best, "validation": {cfg.metric: score[best][0], other: score[best][1]},
+                          "all": {s: {cfg.metric: v[0], other: v[1]} for s, v in score.items()}}
+    return chosen
+
+
+# ----- the command ------------------------------------------------------------------------------------------
+
+
+def study(cfg: StudyConfig) -> Path:
+    env = make_env(cfg.env, cfg.env_args, splits=("train",))  # bad options end here, before OUT exists
+    try:
+        env.examples(cfg.eval_split)
+    except KeyError as exc:
+        raise ConfigError(f"--eval-split: {exc.args[0]}") from None
+    selected_on, validation = validation_plan(cfg, env)
+    n_train = len(env.examples("train")) - (int(validation[1]) if validation[0] == "--val-size" else 0)
+    prompts = min(cfg.batch_size or 8, n_train)
+    for method in cfg.method_list:
+        need = per_step(cfg, method, prompts)
+        if cfg.max_samples < need:
+            raise ConfigError(f"--max-samples {cfg.max_samples} is less than one {LABELS[method]} "
+                              f"{'iteration' if method.startswith('es_') else 'step'} ({need} responses: "
+                              f"{prompts} prompts x {need // prompts}); raise it or shrink the population/group")
+    env.close()
+    out = Path(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}")
+    saved = out / "study.json"
+    if saved.is_file():
+        previous = json.loads(saved.read_text())
+        if previous != _identity(cfg):
+            changed = sorted(k for k in previous.keys() | _identity(cfg).keys() if previous.get(k) != _identity(cfg).get(k))
+            raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
+                              f"use another --out, or the same options to resume it")
+    out.mkdir(parents=True, exist_ok=True)
+    saved.write_text(json.dumps(_identity(cfg), indent=1) + "\n")
+    runs = plan(cfg, out)
+    # validate every run's flags before the first one starts
+    argvs = [trainer_argv(cfg, run, prompts, validation) for run in runs]
+    for method in dict.fromkeys(r.method for r in runs):
+        run = next(r for r in runs if r.method == method)
+        trainer_of(method).resolve(trainer_argv(cfg, run, prompts, validation))
+
+    start = time.perf_counter()
+    units = len(runs) * (1 + len(evaluations(cfg))) + len(evaluations(cfg))
+    bar = tqdm(total=units, desc="study", unit="step", dynamic_ncols=True, position=0)
+    base, cache = {}, out / "evals" / "cache"
+    for name, options in evaluations(cfg):
+        bar.set_postfix_str(f"base model: eval {name}")
+        base[name] = brief(measure(cfg, cfg.model, ORIGINAL, out / "evals" / "base" / name, options, cache))
+        bar.update(1)
+    records = []
+    for run, argv in zip(runs, argvs):
+        record = finish_run(cfg, run, argv, bar, cache)
+        record["hacked"] = hacked(record, base.get("kl"))
+        records.append(record)
+    bar.close()
+    chosen = select(cfg, records)
+    write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start)
+    tqdm.write((out / "table1.md").read_text())
+    tqdm.write(f"study written to {out} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
+    return out
+
+
+def _identity(cfg: StudyConfig) -> dict[str, Any]:
+    """The options that define a study's runs (a resumed study must not mix others in)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "device")}
+
+
+def main(argv: list[str] | None = None) -> Path:
+    cfg = parse_config(StudyConfig, argv, description=__doc__.split("\n\n")[0])
+    try:
+        return study(cfg)
+    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:
+        fail(str(exc))
+
+
+if __name__ == "__main__":
+    sys.argv[0] = "python -m benchmarks.study"
+    main()

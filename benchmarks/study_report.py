@@ -1,0 +1,141 @@
+"""The report of ``benchmarks.study``: per-method summaries over seeds and settings, the tables
+(``table1.md``, ``table2.md``, ``runs.md``, ``seed_variance.md``), the figures (``curves.png``,
+the reward-KL Pareto plot) and ``results.json``. Tables and figures are built with ``eval.table``
+and ``eval.plot``, as every other table of the project."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from eval import model_name
+from eval.plot import plot_pareto, plot_seed_bands
+from eval.table import Table, conciseness_table, render, reward_of
+from eval.table import hacked as hacking_rule
+
+ORIGINAL = "Original"
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    return float(np.mean(values)), float(np.std(values))
+
+
+def pm(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
+    m, s = mean_std([scale * v for v in values])
+    return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
+
+
+def hacked(record: dict[str, Any], original: dict[str, Any] | None) -> bool | None:
+    """Reward hacking (eval.table's rule): the sampled reward beats the base model's while the
+    correct rate falls below half the base model's. None without the sampled measurement."""
+    if "kl" not in record or original is None:
+        return None
+    return hacking_rule(record["kl"], original)
+
+
+def summarize_methods(cfg, records, chosen) -> dict[str, dict[str, Any]]:
+    """Per method: test numbers of the selected setting over seeds, and the spread over settings."""
+    out = {}
+    for method in cfg.method_list:
+        runs = [r for r in records if r["method"] == method]
+        sel = [r for r in runs if r["setting"] == chosen[method]["setting"]]
+        per_setting = {}
+        for r in runs:
+            per_setting.setdefault(r["setting"], []).append(100 * r["greedy"]["pass@1"])
+        means = {s: float(np.mean(v)) for s, v in per_setting.items()}
+        entry = {"label": runs[0]["label"], "setting": chosen[method]["setting"], "seeds": len(sel),
+                 "test_pass@1": [100 * r["greedy"]["pass@1"] for r in sel],
+                 "test_reward": [r["greedy"]["reward_mean"] for r in sel],
+                 "final_train_reward": [r["validation"]["curve_reward"][-1] for r in sel if r["validation"]["curve_reward"]],
+                 "pass@1_by_setting": means,
+                 "pass@1_spread_over_settings": max(means.values()) - min(means.values()),
+                 "seed_std_by_setting": {s: float(np.std(v)) for s, v in per_setting.items()},
+                 "hacked_runs": sum(bool(r.get("hacked")) for r in runs), "runs": len(runs)}
+        if cfg.kl_samples:
+            entry["sampled_reward"] = [reward_of(r["kl"]) for r in sel]
+            entry["kl"] = [r["kl"]["kl_mean"] for r in sel]
+        out[method] = entry
+    return out
+
+
+# ----- writing the report ----------------------------------------------------------------------------------
+
+
+def write_report(cfg, out: Path, records, base, chosen, selected_on: str, seconds: float) -> None:
+    """Every output file of a finished study under ``out``."""
+    methods = summarize_methods(cfg, records, chosen)
+    greedy_base = base["greedy"]
+    n, mnt, env = greedy_base["n"], greedy_base["max_new_tokens"], greedy_base["env"]
+    head = (f"{env}, base model {model_label(cfg.model)}; {cfg.seeds} seed(s); {cfg.max_samples} training responses "
+            f"per run; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings selected on the "
+            f"{selected_on!r} split by {cfg.metric}")
+
+    t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± std over seeds",
+               ["Method", "Selected setting", "pass@1 (%)", "Reward", "Seeds", "Settings", "pass@1 spread over settings"],
+               text_columns=2)
+    t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}", "–", "–", "–"])
+    for method, m in methods.items():
+        t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3), str(m["seeds"]),
+                        str(len(m["pass@1_by_setting"])), f"{m['pass@1_spread_over_settings']:.1f}"])
+    minutes = sum(r.get("wall_seconds", 0.0) for r in records) / 60
+    t1.notes = [head + f"; {minutes:.0f} min of training and evaluation in all.",
+                "Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
+                "hyperparameters (every setting's numbers are in table2.md and runs.md)."]
+    (out / "table1.md").write_text(render([t1]))
+
+    # Table 2 groups by the study's settings (sigma for ES: alpha follows from it)
+    kl_records = ([dict(base["kl"], hparams={})] + [dict(r["kl"], hparams=_hp(r["hparams"])) for r in records]
+                  if cfg.kl_samples else [])
+    if cfg.kl_samples:
+        t2 = conciseness_table(kl_records)
+        for t in t2:
+            t.notes.insert(0, head + f"; {cfg.kl_samples} sampled response(s) per test prompt at temperature 1.")
+        (out / "table2.md").write_text(render(t2))
+        plot_pareto(kl_records, out)
+
+    rows = Table(f"Every run ({env})", ["Method", "Setting", "Seed", f"val {cfg.metric}", "test pass@1 (%)",
+                                           "test reward", "sampled reward", "KL", "hacked", "train s"], text_columns=3)
+    for r in records:
+        kl = r.get("kl") or {}
+        rows.rows.append([r["label"], r["setting"], str(r["seed"]), f"{r['validation'][cfg.metric]:.4f}",
+                          f"{100 * r['greedy']['pass@1']:.1f}", f"{r['greedy']['reward_mean']:.4f}",
+                          f"{reward_of(kl):.4f}" if kl else "–", f"{kl['kl_mean']:.4f}" if kl else "–",
+                          {True: "yes", False: "no", None: "–"}[r.get("hacked")], f"{r['validation']['seconds']:.0f}"])
+    rows.notes = [head + ".", "hacked: the sampled reward beats the base model's while the correct rate falls below "
+                  "half of the base model's (eval.table.hacked)."]
+    (out / "runs.md").write_text(render([rows]))
+
+    sv = Table(f"Seed variance ({env}): std over {cfg.seeds} seeds", ["Method", "Selected setting",
+               "test pass@1 std (points)", "test reward std", "final training reward std",
+               "mean pass@1 std over all settings"], text_columns=2)
+    for m in methods.values():
+        sv.rows.append([m["label"], m["setting"], f"{np.std(m['test_pass@1']):.2f}", f"{np.std(m['test_reward']):.4f}",
+                        f"{np.std(m['final_train_reward']):.4f}" if m["final_train_reward"] else "–",
+                        f"{np.mean(list(m['seed_std_by_setting'].values())):.2f}"])
+    (out / "seed_variance.md").write_text(render([sv]))
+
+    bands = {}
+    for method in cfg.method_list:
+        sel = [r for r in records if r["method"] == method and r["setting"] == chosen[method]["setting"]]
+        bands[f"{sel[0]['label']} ({chosen[method]['setting']})"] = [(r["validation"]["curve_samples"],
+                                                                    r["validation"]["curve_reward"]) for r in sel]
+    plot_seed_bands(bands, out / "curves.png", f"{env}: training reward (mean ± std over {cfg.seeds} seeds)")
+
+    run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
+    results = {"config": asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
+               "wall_seconds_runs": run_seconds, "base": base,
+               "selection": chosen, "methods": methods, "runs": records}
+    (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def _hp(hparams: dict[str, float]) -> dict[str, float]:
+    """A setting's hyperparameters as Table 2 shows them: without the alpha that sigma implies."""
+    return {k: v for k, v in hparams.items() if k != "alpha"}
+
+
+def model_label(model: str) -> str:
+    return model_name(model)

@@ -1,0 +1,125 @@
+"""benchmarks.study: the whole comparison (five methods x grids x seeds at one sample budget) on a
+tiny model and a toy env, its outputs, its resume after a kill, and its one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import study
+
+LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
+LABELS = ("ES (full-rank)", "ES (low-rank)", "GRPO", "Dr.GRPO", "PPO")
+
+
+def tiny_argv(out, model_dir, *extra: str) -> list[str]:
+    """Two seeds, 32 responses per run: ES 4 x 2 prompts x 4 iterations, low-rank ES 8 x 2 x 2,
+    RL 2 prompts x 4 responses x 4 steps; one ES sigma and two RL settings (beta 0 and > 0)."""
+    return ["--env", LETTER, "--seeds", "2", "--max-samples", "32", "--model", str(model_dir), "--out", str(out),
+            "--population", "4", "--lowrank-population", "8", "--group-size", "4", "--batch-size", "2",
+            "--sigmas", "0.01", "--betas", "0,0.01", "--lrs", "1e-3", "--kl-samples", "2", *extra]
+
+
+def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_model_dir, one_thread, kill_on_call):
+    out = tmp_path / "study"
+    trained = []
+    real_train = study.train_run
+
+    def counting(cfg, run, argv):
+        if not (run.path / "final").is_dir():
+            trained.append((run.method, run.setting, run.seed))
+        return real_train(cfg, run, argv)
+
+    study.train_run = counting
+    try:
+        with kill_on_call(study, "finish_run", 6):  # killed after 5 runs: a study stopped halfway
+            study.main(tiny_argv(out, tiny_model_dir))
+        assert len(trained) == 5
+        study.main(tiny_argv(out, tiny_model_dir))  # the same command resumes
+    finally:
+        study.train_run = real_train
+    # 2 seeds x (1 + 1 ES settings + 3 RL methods x 2 settings) = 16 runs, each trained once
+    assert len(trained) == 16 and len(set(trained)) == 16
+
+    for name in ("table1.md", "table2.md", "runs.md", "seed_variance.md", "curves.png", "results.json"):
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    assert list(out.glob("pareto-*.png"))
+    table1 = (out / "table1.md").read_text()
+    for label in LABELS + ("Original",):
+        assert f"| {label} |" in table1
+    table2 = (out / "table2.md").read_text()
+    assert all(label in table2 for label in LABELS) and "beta=0 lr=0.001" in table2 and "sigma=0.01" in table2
+
+    results = json.loads((out / "results.json").read_text())
+    runs = results["runs"]
+    assert len(runs) == 16 and {r["method"] for r in runs} == set(study.METHODS)
+    for r in runs:
+        assert r["validation"]["samples"] <= 32  # never over the budget
+        assert r["greedy"]["split"] == "test" and r["kl"]["samples"] == 2 and r["kl"]["kl_mean"] is not None
+        assert r["hacked"] in (True, False)
+    # the same sample budget for every method: each run used all 32 responses
+    assert {r["validation"]["samples"] for r in runs} == {32}
+    # selection on the training prompts (Letter-v0's 4 are too few to carve), never on test
+    assert results["selected_on"] == "train"
+    for method, chosen in results["selection"].items():
+        assert set(chosen["all"]) == {r["setting"] for r in runs if r["method"] == method}
+    assert results["base"]["kl"]["kl_mean"] == 0.0
+    assert results["methods"]["grpo"]["seeds"] == 2 and len(results["methods"]["grpo"]["test_pass@1"]) == 2
+    # weights are deleted once measured; logs stay
+    assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
+
+
+def test_selection_never_reads_the_test_split():
+    cfg = study.StudyConfig(methods="grpo", seeds=2)
+    cfg.validate()
+
+    def record(setting, val, test):
+        return {"method": "grpo", "setting": setting, "validation": {"eval_pass@1": val, "eval_reward": 0.0},
+                "greedy": {"pass@1": test}}
+
+    records = [record("a", 0.9, 0.0), record("a", 0.7, 0.0), record("b", 0.5, 1.0), record("b", 0.5, 1.0)]
+    assert study.select(cfg, records)["grpo"]["setting"] == "a"  # best on validation, worse on test
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--methods", "es_full,reinforce"], "--methods: unknown method(s) reinforce"),
+    (["--max-samples", "4"], "--max-samples 4 is less than one ES (full-rank) iteration (8 responses"),
+    (["--sigmas", "1e-3,x"], "--sigmas: expected comma-separated numbers"),
+    (["--betas", "-1"], "--betas: must be >= 0"),
+    (["--seeds", "0"], "--seeds: must be >= 1"),
+    (["--lowrank-population", "7"], "--lowrank-population: must be even with --mirrored"),
+])
+def test_bad_input_is_one_line(tmp_path, tiny_model_dir, capsys, extra, message):
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit):
+        study.main(tiny_argv(out, tiny_model_dir, *extra))
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_unknown_env_and_changed_options_are_refused(tmp_path, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        study.main(["--env", "Nope-v0", "--out", str(tmp_path / "x")])
+    assert "--env:" in capsys.readouterr().err
+    out = tmp_path / "study"
+    out.mkdir()
+    (out / "study.json").write_text(json.dumps({"env": "Other-v0"}))
+    with pytest.raises(SystemExit):
+        study.main(tiny_argv(out, tiny_model_dir))
+    assert "holds a study with other options" in capsys.readouterr().err
+
+
+def test_shipped_study_configs_parse():
+    from pathlib import Path
+
+    from trainers.config import load_yaml
+
+    configs = sorted(Path("benchmarks/configs").glob("study_*.yaml"))
+    assert len(configs) >= 4
+    for path in configs:
+        cfg = study.StudyConfig(**load_yaml(path))
+        cfg.validate()
+        assert cfg.method_list == list(study.METHODS), path
+        assert 0.0 in cfg.grid("betas"), f"{path}: the RL grid needs a beta = 0 arm"
