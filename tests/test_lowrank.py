@@ -51,7 +51,7 @@ def tiny_gpt2(vocab: int):
     return GPT2LMHeadModel(cfg).eval()
 
 
-@pytest.mark.parametrize("rank", [1, 3])
+@pytest.mark.parametrize("rank", [1, 3, 8])  # 1 and 3: broadcast products on CPU; 8: bmm
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gpt2"])
 def test_batched_logits_equal_explicit_members(arch, rank, tiny_model, tiny_tokenizer):
     model = {"llama": lambda: tiny_model, "qwen2": lambda: tiny_qwen2(len(tiny_tokenizer)),
@@ -94,6 +94,23 @@ def test_greedy_and_sampled_generation_with_kv_cache_equal_members_alone(tiny_mo
         alone += generate(member, tiny_tokenizer, prompts, max_new_tokens=12).token_ids
     assert greedy.token_ids == alone
     assert len({tuple(ids) for ids in alone}) > 2, "members must generate different texts"
+
+
+@pytest.mark.parametrize("rank", [1, 8])
+def test_out_of_place_hook_equals_in_place(rank, tiny_model, tiny_tokenizer):
+    """With gradients on (a module output that requires grad) the hook adds out of place; the
+    logits are those of the in-place path."""
+    layers = lowrank.select_layers(tiny_model, None, rank)
+    prompts = member_major(torch.randint(5, len(tiny_tokenizer), (2, 9), generator=torch.Generator().manual_seed(4)),
+                           len(SEEDS))
+    pop = lowrank.Population(layers, SEEDS, SIGNS, SIGMA, rank)
+    with pop.applied():
+        with torch.no_grad():
+            in_place = tiny_model(prompts).logits
+        with torch.enable_grad():
+            out_of_place = tiny_model(prompts).logits
+    assert out_of_place.requires_grad
+    assert torch.allclose(in_place, out_of_place.detach(), atol=1e-5, rtol=0)  # fused vs separate rounding
 
 
 def test_bf16_batched_close_to_explicit(tiny_model, tiny_tokenizer):

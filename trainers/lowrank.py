@@ -38,6 +38,11 @@ from trainers.config import ConfigError
 from trainers.noise import Params, tensor_seed
 
 
+#: Up to this rank, the CPU hook adds each of the R rank-1 terms with broadcast products (faster
+#: than bmm on CPU); above it, and on CUDA, two batched matrix products.
+ELEMENTWISE_MAX_RANK = 4
+
+
 @dataclass
 class Layer:
     """One perturbed weight matrix and the module whose output the hook corrects."""
@@ -122,17 +127,32 @@ class Population:
 
     def _hook(self, index: int):
         layer, B, At, n = self.layers[index], self.B[index], self.At[index], self.members
+        rank = B.shape[-1]
+        # On CPU, bmm with R columns is a poor GEMM shape: for small R, R broadcast multiply-sums
+        # are 3-5x faster (measured for SmolLM2's layer shapes at 16 and 160 rows).
+        by_columns = B.device.type == "cpu" and rank <= ELEMENTWISE_MAX_RANK
+        Bt = B.transpose(1, 2).contiguous() if by_columns else None  # (members, R, d_in)
 
         def add_noise(module, args, output):
             x = args[0]
             if x.numel() % (n * layer.d_in):
                 raise RuntimeError(f"low-rank noise: layer {layer.name} got input {tuple(x.shape)}, not "
                                    f"{n} members x equal rows (rows must be member-major, same count each)")
-            xb = torch.bmm(x.reshape(n, -1, layer.d_in).to(B.dtype), B)  # (n, rows*T, R)
+            xs = x.reshape(n, -1, layer.d_in).to(B.dtype)  # (n, rows*T, d_in)
             out = output.view(n, -1, layer.d_out)
-            if output.requires_grad or B.dtype != output.dtype:
+            in_place = not output.requires_grad and B.dtype == output.dtype  # no output-sized temporary
+            if by_columns:
+                for r in range(rank):
+                    xb = (xs * Bt[:, r:r + 1]).sum(-1, keepdim=True)  # (n, rows*T, 1)
+                    if in_place:
+                        out.addcmul_(xb, At[:, r:r + 1])
+                    else:
+                        out = out + (xb * At[:, r:r + 1]).to(out.dtype)
+                return output if in_place else out.view_as(output)
+            xb = torch.bmm(xs, B)  # (n, rows*T, R)
+            if not in_place:
                 return (out + torch.bmm(xb, At).to(out.dtype)).view_as(output)
-            out.baddbmm_(xb, At)  # in place: no output-sized temporary
+            out.baddbmm_(xb, At)
             return output
 
         return add_noise
