@@ -47,13 +47,12 @@ import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
 from trainers.config import ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
 from trainers.run_dir import RunDirError, read_jsonl
-from trainers.splits import VALIDATION
+from trainers.splits import MIN_VALIDATION, VALIDATION
 
 METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
           "ppo": "PPO"}
-MIN_VALIDATION = 8  # a carved validation split holds at least this many examples, and leaves as many to train on
 
 
 @dataclass
@@ -253,7 +252,7 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
     return summary
 
 
-def validation_result(run: Run, metric: str) -> dict[str, Any]:
+def validation_result(run: Run) -> dict[str, Any]:
     """The run's final held-out numbers on the validation split and its training curve, from its log."""
     log = read_jsonl(run.path / "log.jsonl")
     evals = [r for r in log if "eval_reward" in r]
@@ -275,7 +274,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
     train_run(cfg, run, argv)
     bar.update(1)
     record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
-              "seed": run.seed, "run": str(run.path), "validation": validation_result(run, cfg.metric)}
+              "seed": run.seed, "run": str(run.path), "validation": validation_result(run)}
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
@@ -337,21 +336,22 @@ def study(cfg: StudyConfig) -> Path:
                               f"{prompts} prompts x {need // prompts}); raise it or shrink the population/group")
     env.close()
     out = Path(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}")
-    saved = out / "study.json"
+    saved, identity = out / "study.json", _identity(cfg)
     if saved.is_file():
         previous = json.loads(saved.read_text())
-        if previous != _identity(cfg):
-            changed = sorted(k for k in previous.keys() | _identity(cfg).keys() if previous.get(k) != _identity(cfg).get(k))
+        if previous != identity:
+            changed = sorted(k for k in previous.keys() | identity.keys() if previous.get(k) != identity.get(k))
             raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
                               f"use another --out, or the same options to resume it")
     out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(_identity(cfg), indent=1) + "\n")
+    saved.write_text(json.dumps(identity, indent=1) + "\n")
     runs = plan(cfg, out)
-    # validate every run's flags before the first one starts
     argvs = [trainer_argv(cfg, run, prompts, validation) for run in runs]
-    for method in dict.fromkeys(r.method for r in runs):
-        run = next(r for r in runs if r.method == method)
-        trainer_of(method).resolve(trainer_argv(cfg, run, prompts, validation))
+    checked = set()
+    for run, argv in zip(runs, argvs):  # each method's flags checked before the first run starts
+        if run.method not in checked:
+            trainer_of(run.method).resolve(argv)
+            checked.add(run.method)
 
     start = time.perf_counter()
     units = len(runs) * (1 + len(evaluations(cfg))) + len(evaluations(cfg))

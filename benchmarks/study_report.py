@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from eval import model_name
+from eval.passk import mean_std
 from eval.plot import plot_pareto, plot_seed_bands
 from eval.table import Table, conciseness_table, render, reward_of
 from eval.table import hacked as hacking_rule
@@ -20,12 +21,8 @@ from eval.table import hacked as hacking_rule
 ORIGINAL = "Original"
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    return float(np.mean(values)), float(np.std(values))
-
-
-def pm(values: list[float], scale: float = 1.0, digits: int = 1) -> str:
-    m, s = mean_std([scale * v for v in values])
+def pm(values: list[float], digits: int = 1) -> str:
+    m, s = mean_std(values)
     return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
 
 
@@ -70,7 +67,7 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     methods = summarize_methods(cfg, records, chosen)
     greedy_base = base["greedy"]
     n, mnt, env = greedy_base["n"], greedy_base["max_new_tokens"], greedy_base["env"]
-    head = (f"{env}, base model {model_label(cfg.model)}; {cfg.seeds} seed(s); {cfg.max_samples} training responses "
+    head = (f"{env}, base model {model_name(cfg.model)}; {cfg.seeds} seed(s); {cfg.max_samples} training responses "
             f"per run; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings selected on the "
             f"{selected_on!r} split by {cfg.metric}")
 
@@ -81,16 +78,15 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     for method, m in methods.items():
         t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3), str(m["seeds"]),
                         str(len(m["pass@1_by_setting"])), f"{m['pass@1_spread_over_settings']:.1f}"])
-    minutes = sum(r.get("wall_seconds", 0.0) for r in records) / 60
-    t1.notes = [head + f"; {minutes:.0f} min of training and evaluation in all.",
+    run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
+    t1.notes = [head + f"; {run_seconds / 60:.0f} min of training and evaluation in all.",
                 "Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
                 "hyperparameters (every setting's numbers are in table2.md and runs.md)."]
     (out / "table1.md").write_text(render([t1]))
 
     # Table 2 groups by the study's settings (sigma for ES: alpha follows from it)
-    kl_records = ([dict(base["kl"], hparams={})] + [dict(r["kl"], hparams=_hp(r["hparams"])) for r in records]
-                  if cfg.kl_samples else [])
     if cfg.kl_samples:
+        kl_records = [dict(base["kl"], hparams={})] + [dict(r["kl"], hparams=_hp(r["hparams"])) for r in records]
         t2 = conciseness_table(kl_records)
         for t in t2:
             t.notes.insert(0, head + f"; {cfg.kl_samples} sampled response(s) per test prompt at temperature 1.")
@@ -125,7 +121,6 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
                                                                     r["validation"]["curve_reward"]) for r in sel]
     plot_seed_bands(bands, out / "curves.png", f"{env}: training reward (mean ± std over {cfg.seeds} seeds)")
 
-    run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
     results = {"config": asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
                "wall_seconds_runs": run_seconds, "base": base,
                "selection": chosen, "methods": methods, "runs": records}
@@ -135,7 +130,3 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
 def _hp(hparams: dict[str, float]) -> dict[str, float]:
     """A setting's hyperparameters as Table 2 shows them: without the alpha that sigma implies."""
     return {k: v for k, v in hparams.items() if k != "alpha"}
-
-
-def model_label(model: str) -> str:
-    return model_name(model)

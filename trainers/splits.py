@@ -20,6 +20,9 @@ from llm_envs import Example
 from trainers.config import ConfigError, TrainConfig, make_env
 
 VALIDATION = "validation"  # the carved split's name
+#: A validation split carved for selecting settings (trainers.sweep, benchmarks.study) holds at
+#: least this many examples and leaves as many to train on.
+MIN_VALIDATION = 8
 CARVE_SEED = 20240917  # fixed: the carve depends on the training split and K only
 
 

@@ -43,12 +43,11 @@ from trainers.config import ConfigError, fail, make_env
 from trainers.models import load_model
 from trainers.rollout import evaluate
 from trainers.run_dir import RunDirError, read_jsonl
-from trainers.splits import VALIDATION
+from trainers.splits import MIN_VALIDATION, VALIDATION
 
 ALGORITHMS = ("grpo", "ppo")
 METRICS = ("eval_pass@1", "eval_reward")
 OWN = ("--beta", "--lr", "--out", "--resume", "--val-size")  # set by the sweep per run
-MIN_VALIDATION = 8  # a carved validation split holds at least this many examples, and leaves as many to train on
 
 
 def size(text: str) -> float:
