@@ -74,6 +74,8 @@ class StudyConfig:
     betas: str = field(default="0,1e-3", metadata={"help": "RL KL-coefficient grid (include 0: the no-KL arm)"})
     lrs: str = field(default="1e-6,1e-5", metadata={"help": "RL learning-rate grid"})
     group_size: int = field(default=8, metadata={"help": "RL responses per prompt (GRPO's G; PPO samples as many)"})
+    grad_accum: int = field(default=1, metadata={"help": "RL micro-batches per step (gradient accumulation): the same "
+                                                          "update in less memory"})
     batch_size: int | None = field(default=None, metadata={"help": "training prompts per ES iteration and RL step "
                                                                    "(default: the whole train split, at most 8)"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget of training and evaluation (default: the env's)"})
@@ -112,6 +114,7 @@ class StudyConfig:
             check(getattr(self, name) >= 2, name, "must be >= 2")
             check(not self.mirrored or getattr(self, name) % 2 == 0, name, "must be even with --mirrored")
         check(self.rank >= 1, "rank", "must be >= 1")
+        check(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         check(self.group_size >= 2, "group_size", "must be >= 2 (GRPO's advantages are relative to the group)")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
@@ -202,7 +205,7 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
             argv += ["--dtype", cfg.dtype]
     else:
         argv += ["--steps", str(steps), "--checkpoint-every", str(max(1, steps // 4)), "--group-size",
-                 str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"]]
+                 str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
         argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
     return argv
 
@@ -375,8 +378,9 @@ def study(cfg: StudyConfig) -> Path:
 
 
 def _identity(cfg: StudyConfig) -> dict[str, Any]:
-    """The options that define a study's runs (a resumed study must not mix others in)."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "device")}
+    """The options that define a study's runs (a resumed study must not mix others in); where the runs
+    happen and how their memory is split are not among them."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "device", "grad_accum")}
 
 
 def main(argv: list[str] | None = None) -> Path:

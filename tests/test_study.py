@@ -123,3 +123,20 @@ def test_shipped_study_configs_parse():
         cfg.validate()
         assert cfg.method_list == list(study.METHODS), path
         assert 0.0 in cfg.grid("betas"), f"{path}: the RL grid needs a beta = 0 arm"
+
+
+def test_grad_accum_reaches_the_rl_trainers_and_does_not_define_the_study(tmp_path):
+    """--grad-accum only splits each RL step's memory, so a study may resume with another value
+    (the Countdown CPU preset needs 4: PPO's policy and critic on 32 rows ran out of 24 GB)."""
+    cfg = study.StudyConfig(env="Conciseness-v0", seeds=1, grad_accum=4)
+    cfg.validate()
+    runs = study.plan(cfg, tmp_path)
+    for run in runs:
+        argv = study.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
+        assert ("--grad-accum" in argv) == (not run.method.startswith("es_")), run.method
+        if "--grad-accum" in argv:
+            assert argv[argv.index("--grad-accum") + 1] == "4"
+            study.trainer_of(run.method).resolve(argv)  # the trainer takes it
+    default = study.StudyConfig(env="Conciseness-v0", seeds=1)
+    default.validate()
+    assert study._identity(cfg) == study._identity(default)
