@@ -218,15 +218,25 @@ def trainer_of(method: str):
 # ----- running and measuring ----------------------------------------------------------------------------
 
 
+def resume_argv(cfg: StudyConfig, run: Run) -> list[str]:
+    """Resume an unfinished run from its saved config, with this invocation's options that are not
+    part of the study's identity (device, RL micro-batches): a study killed for memory resumes with
+    a larger --grad-accum, the unfinished run included."""
+    argv = ["--resume", str(run.path)]
+    if cfg.device is not None:
+        argv += ["--device", cfg.device]
+    if not run.method.startswith("es_"):
+        argv += ["--grad-accum", str(cfg.grad_accum)]
+    return argv
+
+
 def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
     """Train ``run`` unless its final model exists; an interrupted run resumes."""
     if (run.path / "final").is_dir():
         return
     trainer = trainer_of(run.method)
-    if (run.path / "config.yaml").is_file():
-        trainer.train(trainer.resolve(["--resume", str(run.path)]))
-    else:
-        trainer.train(trainer.resolve(argv))
+    resuming = (run.path / "config.yaml").is_file()
+    trainer.train(trainer.resolve(resume_argv(cfg, run) if resuming else argv))
 
 
 def evaluations(cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:

@@ -140,3 +140,25 @@ def test_grad_accum_reaches_the_rl_trainers_and_does_not_define_the_study(tmp_pa
     default = study.StudyConfig(env="Conciseness-v0", seeds=1)
     default.validate()
     assert study._identity(cfg) == study._identity(default)
+
+
+def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
+    """A run killed for memory (started with grad_accum 1) resumes with the invocation's --grad-accum
+    and --device, the rest of its saved config unchanged."""
+    from trainers.config import to_dict
+    from trainers.run_dir import RunDir
+
+    first = study.StudyConfig(env="Conciseness-v0", seeds=1)
+    first.validate()
+    again = study.StudyConfig(env="Conciseness-v0", seeds=1, grad_accum=4, device="cpu")
+    again.validate()
+    for run in study.plan(first, tmp_path):
+        trainer = study.trainer_of(run.method)
+        saved = trainer.resolve(study.trainer_argv(first, run, 2, ["--eval-split", "train"]))
+        RunDir(run.path).write_config(to_dict(saved))
+        resumed = trainer.resolve(study.resume_argv(again, run))
+        assert resumed.resume == str(run.path) and resumed.device == "cpu", run.method
+        if not run.method.startswith("es_"):
+            assert (saved.grad_accum, resumed.grad_accum) == (1, 4), run.method
+        changed = {k for k, v in vars(resumed).items() if vars(saved)[k] != v}
+        assert changed <= {"resume", "device", "grad_accum"}, (run.method, changed)
