@@ -77,7 +77,8 @@ class StudyConfig:
     grad_accum: int = field(default=1, metadata={"help": "RL micro-batches per step (gradient accumulation): the same "
                                                           "update in less memory"})
     batch_size: int | None = field(default=None, metadata={"help": "training prompts per ES iteration and RL step "
-                                                                   "(default: the whole train split, at most 8)"})
+                                                                   "(default: the whole train split, at most 8, and few "
+                                                                   "enough that one step of every method fits --max-samples)"})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget of training and evaluation (default: the env's)"})
     metric: str | None = field(default=None, metadata={"help": "validation metric a setting is selected by (default: "
                                                                 "eval_reward for Conciseness-v0, else eval_pass@1)",
@@ -172,6 +173,16 @@ def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
     if method == "es_lowrank":
         return cfg.lowrank_population * prompts
     return prompts * cfg.group_size
+
+
+def prompts_per_step(cfg: StudyConfig, n_train: int) -> int:
+    """Training prompts per ES iteration and RL step, the same for every method: ``--batch-size``, else
+    the train split, at most 8, and at most what one step of the widest method can afford within
+    ``--max-samples`` (a small budget such as 32 then runs with fewer prompts instead of failing)."""
+    if cfg.batch_size is not None:
+        return min(cfg.batch_size, n_train)
+    widest = max(per_step(cfg, method, 1) for method in cfg.method_list)
+    return max(1, min(8, n_train, cfg.max_samples // widest))
 
 
 def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
@@ -340,7 +351,7 @@ def study(cfg: StudyConfig) -> Path:
         raise ConfigError(f"--eval-split: {exc.args[0]}") from None
     selected_on, validation = validation_plan(cfg, env)
     n_train = len(env.examples("train")) - (int(validation[1]) if validation[0] == "--val-size" else 0)
-    prompts = min(cfg.batch_size or 8, n_train)
+    prompts = prompts_per_step(cfg, n_train)
     for method in cfg.method_list:
         need = per_step(cfg, method, prompts)
         if cfg.max_samples < need:

@@ -162,3 +162,29 @@ def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
             assert (saved.grad_accum, resumed.grad_accum) == (1, 4), run.method
         changed = {k for k, v in vars(resumed).items() if vars(saved)[k] != v}
         assert changed <= {"resume", "device", "grad_accum"}, (run.method, changed)
+
+
+@pytest.mark.parametrize("max_samples, n_train, batch_size, expected", [
+    (32, 2, None, 1),      # Conciseness, default populations: low-rank ES (N=32) affords one prompt
+    (32, 180, None, 1),    # Countdown: the same
+    (256, 2, None, 2),     # the default budget: the whole (small) train split
+    (256, 180, None, 8),   # ... at most 8 prompts
+    (32, 180, 4, 4),       # --batch-size is kept as given (an impossible one is an error, not shrunk)
+    (16, 2, None, 1),      # below one low-rank iteration even with one prompt: left to the budget check
+])
+def test_default_prompts_per_step_fit_the_budget(max_samples, n_train, batch_size, expected):
+    """`--seeds 2 --max-samples 32` with every other option at its default runs (fewer prompts per
+    step) instead of failing on the low-rank population."""
+    cfg = study.StudyConfig(env="Conciseness-v0", seeds=2, max_samples=max_samples, batch_size=batch_size)
+    cfg.validate()
+    assert study.prompts_per_step(cfg, n_train) == expected
+
+
+def test_the_default_tiny_budget_passes_the_studys_checks(tmp_path, tiny_model_dir, kill_on_call):
+    """The literal tiny study (`--seeds 2 --max-samples 32`, all other options default) gets past
+    every budget and flag check; it is stopped at its first measurement (the base model's)."""
+    out = tmp_path / "study"
+    with kill_on_call(study, "measure", 1):
+        study.main(["--env", "Conciseness-v0", "--seeds", "2", "--max-samples", "32",
+                    "--model", str(tiny_model_dir), "--out", str(out)])
+    assert (out / "study.json").is_file()
