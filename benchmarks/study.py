@@ -53,6 +53,9 @@ METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
           "ppo": "PPO"}
+#: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
+#: and passed again to an unfinished run when it resumes.
+INVOCATION = ("device", "grad_accum")
 
 
 @dataclass
@@ -229,16 +232,16 @@ def trainer_of(method: str):
 # ----- running and measuring ----------------------------------------------------------------------------
 
 
-def resume_argv(cfg: StudyConfig, run: Run) -> list[str]:
-    """Resume an unfinished run from its saved config, with this invocation's options that are not
-    part of the study's identity (device, RL micro-batches): a study killed for memory resumes with
-    a larger --grad-accum, the unfinished run included."""
-    argv = ["--resume", str(run.path)]
-    if cfg.device is not None:
-        argv += ["--device", cfg.device]
-    if not run.method.startswith("es_"):
-        argv += ["--grad-accum", str(cfg.grad_accum)]
-    return argv
+def resume_argv(run: Run, argv: list[str]) -> list[str]:
+    """Resume an unfinished run from its saved config, overridden by the ``INVOCATION`` flags among
+    ``argv`` (the run's trainer flags in this invocation): a study killed for memory resumes with a
+    larger --grad-accum, the unfinished run included."""
+    flags = {f"--{name.replace('_', '-')}" for name in INVOCATION}
+    out = ["--resume", str(run.path)]
+    for i, token in enumerate(argv):
+        if token in flags:
+            out += argv[i:i + 2]
+    return out
 
 
 def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
@@ -247,7 +250,7 @@ def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
         return
     trainer = trainer_of(run.method)
     resuming = (run.path / "config.yaml").is_file()
-    trainer.train(trainer.resolve(resume_argv(cfg, run) if resuming else argv))
+    trainer.train(trainer.resolve(resume_argv(run, argv) if resuming else argv))
 
 
 def evaluations(cfg: StudyConfig) -> list[tuple[str, dict[str, Any]]]:
@@ -400,8 +403,8 @@ def study(cfg: StudyConfig) -> Path:
 
 def _identity(cfg: StudyConfig) -> dict[str, Any]:
     """The options that define a study's runs (a resumed study must not mix others in); where the runs
-    happen and how their memory is split are not among them."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "device", "grad_accum")}
+    happen and how their memory is split (``INVOCATION``) are not among them."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *INVOCATION)}
 
 
 def main(argv: list[str] | None = None) -> Path:

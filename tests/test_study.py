@@ -156,7 +156,7 @@ def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
         trainer = study.trainer_of(run.method)
         saved = trainer.resolve(study.trainer_argv(first, run, 2, ["--eval-split", "train"]))
         RunDir(run.path).write_config(to_dict(saved))
-        resumed = trainer.resolve(study.resume_argv(again, run))
+        resumed = trainer.resolve(study.resume_argv(run, study.trainer_argv(again, run, 2, ["--eval-split", "train"])))
         assert resumed.resume == str(run.path) and resumed.device == "cpu", run.method
         if not run.method.startswith("es_"):
             assert (saved.grad_accum, resumed.grad_accum) == (1, 4), run.method
