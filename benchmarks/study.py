@@ -245,8 +245,9 @@ def resume_argv(run: Run, argv: list[str]) -> list[str]:
 
 
 def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
-    """Train ``run`` unless its final model exists; an interrupted run resumes."""
-    if (run.path / "final").is_dir():
+    """Train ``run`` unless its final model exists and was measured; an interrupted run resumes
+    (one killed while measuring its final model only measures it)."""
+    if (run.path / "final").is_dir() and final_evaluation(read_jsonl(run.path / "log.jsonl")) is not None:
         return
     trainer = trainer_of(run.method)
     resuming = (run.path / "config.yaml").is_file()
@@ -279,12 +280,22 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
     return summary
 
 
+def final_evaluation(log: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The held-out record of the run's final model: the one at its last iteration (None when that
+    model was never measured, e.g. killed during its evaluation)."""
+    train = [r for r in log if "reward_mean" in r]
+    last = train[-1]["iteration"] if train else 0
+    return next((r for r in reversed(log) if "eval_reward" in r and r["iteration"] == last), None)
+
+
 def validation_result(run: Run) -> dict[str, Any]:
     """The run's final held-out numbers on the validation split and its training curve, from its log."""
     log = read_jsonl(run.path / "log.jsonl")
-    evals = [r for r in log if "eval_reward" in r]
     train = [r for r in log if "reward_mean" in r]
-    last = evals[-1] if evals else {}
+    last = final_evaluation(log)
+    if last is None:
+        raise ConfigError(f"{run.path}: its log has no held-out evaluation of the final model (iteration "
+                          f"{train[-1]['iteration'] if train else 0}); resume the run to measure it")
     return {"eval_pass@1": last.get("eval_pass@1"), "eval_reward": last.get("eval_reward"),
             "curve_samples": [r["samples"] for r in train], "curve_reward": [r["reward_mean"] for r in train],
             "samples": train[-1]["samples"] if train else 0, "seconds": sum(r.get("seconds", 0.0) for r in train)}
@@ -335,8 +346,13 @@ def select(cfg: StudyConfig, records: list[dict[str, Any]]) -> dict[str, dict[st
         for r in records:
             if r["method"] == method:
                 by_setting.setdefault(r["setting"], []).append(r)
-        score = {s: (float(np.mean([r["validation"][cfg.metric] or 0.0 for r in rs])),
-                     float(np.mean([r["validation"][other] or 0.0 for r in rs]))) for s, rs in by_setting.items()}
+        for r in (r for rs in by_setting.values() for r in rs):
+            missing = [m for m in (cfg.metric, other) if r["validation"].get(m) is None]
+            if missing:  # never a stand-in number: with negative rewards, 0.0 would win the selection
+                raise ConfigError(f"{r.get('run', method)}: no validation {missing[0]}, so its setting cannot be "
+                                  f"selected")
+        score = {s: (float(np.mean([r["validation"][cfg.metric] for r in rs])),
+                     float(np.mean([r["validation"][other] for r in rs]))) for s, rs in by_setting.items()}
         best = max(score, key=score.get)
         chosen[method] = {"setting": best, "validation": {cfg.metric: score[best][0], other: score[best][1]},
                           "all": {s: {cfg.metric: v[0], other: v[1]} for s, v in score.items()}}

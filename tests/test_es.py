@@ -245,3 +245,16 @@ def test_max_samples_is_never_exceeded(noise_mode, tmp_path, tiny_model_dir, cap
         es.main(run_args(tiny_model_dir, tmp_path / "none", "--max-samples", "7", *NOISE[noise_mode]))
     assert "--max-samples 7 is less than one iteration: N=4 x 2 prompts = 8 responses" in capsys.readouterr().err
     assert not (tmp_path / "none").exists()
+
+
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_a_kill_during_the_final_evaluation_is_evaluated_on_resume(noise_mode, tmp_path, tiny_model_dir, kill_on_call):
+    """Killed while measuring the final model (all iterations done and logged): the resumed run
+    measures it, so the log's last held-out record is the final model's, not the base model's."""
+    run = tmp_path / "run"
+    with kill_on_call(es, "evaluate", 2):  # 1: iteration 0, 2: the final model
+        es.main(run_args(tiny_model_dir, run, "--iterations", "2", "--eval-every", "0", *NOISE[noise_mode]))
+    es.main(["--resume", str(run)])
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in log if "eval_reward" in r] == [0, 2]
+    assert (run / "final").is_dir()

@@ -266,6 +266,20 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
     assert log(tmp_path / "whole") == log(tmp_path / "killed")
 
 
+@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+def test_a_kill_during_the_final_evaluation_is_evaluated_on_resume(trainer, tmp_path, tiny_model_dir, kill_on_call):
+    """The last step is a checkpoint, so a resumed run has no step left to take: it must still
+    measure the final model (the study selects settings on that record)."""
+    module = {"grpo": grpo, "ppo": ppo}[trainer]
+    out = tmp_path / "run"
+    with kill_on_call(rl, "evaluate", 2):  # 1: step 0, 2: the final model
+        module.main(grpo_args(tiny_model_dir, out, "--steps", "2", "--batch-size", "2", "--group-size", "2",
+                              "--checkpoint-every", "1"))
+    module.main(["--resume", str(out)])
+    assert [r["iteration"] for r in log_of(out) if "eval_reward" in r] == [0, 2]
+    assert (out / "final").is_dir()
+
+
 def test_max_samples_stops_the_run_within_budget(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--max-samples", "70", "--steps", "10"))

@@ -82,6 +82,32 @@ def test_selection_never_reads_the_test_split():
     assert study.select(cfg, records)["grpo"]["setting"] == "a"  # best on validation, worse on test
 
 
+def test_selection_refuses_a_missing_validation_number():
+    """A run without its final validation number is an error, never a 0.0 that beats negative rewards."""
+    cfg = study.StudyConfig(env="Conciseness-v0", methods="grpo", seeds=1)
+    cfg.validate()
+    records = [{"method": "grpo", "setting": "a", "run": "runs/a", "validation": {"eval_pass@1": 1.0, "eval_reward": -196.0}},
+               {"method": "grpo", "setting": "b", "run": "runs/b", "validation": {"eval_pass@1": None, "eval_reward": None}}]
+    with pytest.raises(study.ConfigError, match="runs/b: no validation eval_reward"):
+        study.select(cfg, records)
+
+
+def test_the_validation_number_is_the_final_models(tmp_path):
+    """A log whose last held-out record is the base model's (iteration 0) while training reached
+    iteration 2 has no validation number for the run: refused, not read as the base model's."""
+    run = study.Run("es_full", "sigma=0.001", {"sigma": 1e-3}, 0, tmp_path)
+    records = [{"iteration": 0, "eval_pass@1": 1.0, "eval_reward": -196.5},
+               {"iteration": 1, "reward_mean": -199.0, "samples": 16},
+               {"iteration": 2, "reward_mean": -198.0, "samples": 32}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    with pytest.raises(study.ConfigError, match="no held-out evaluation of the final model .iteration 2."):
+        study.validation_result(run)
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write(json.dumps({"iteration": 2, "eval_pass@1": 0.5, "eval_reward": -90.0}) + "\n")
+    result = study.validation_result(run)
+    assert (result["eval_reward"], result["eval_pass@1"], result["samples"]) == (-90.0, 0.5, 32)
+
+
 @pytest.mark.parametrize("extra, message", [
     (["--methods", "es_full,reinforce"], "--methods: unknown method(s) reinforce"),
     (["--max-samples", "4"], "--max-samples 4 is less than one ES (full-rank) iteration (8 responses"),

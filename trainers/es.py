@@ -329,7 +329,12 @@ def train(cfg: ESConfig) -> Path:
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({mode}), N={cfg.population}, sigma={cfg.sigma}, "
         f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
 
+    # iterations whose model has a held-out record (a resumed run keeps those up to ``done``)
+    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
+        if cfg.resume else set()
+
     def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
+        evaluated.add(iteration)
         scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit, dist.rank, dist.world, dist.sum)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
@@ -388,7 +393,7 @@ def train(cfg: ESConfig) -> Path:
             dist.wait_for_main()  # the others wait for the save here, not inside the next all-reduce
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
     bar.close()
-    if last > done:
+    if last not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(last)
     if dist.is_main:
         save_model(model, tokenizer, run.path / "final")

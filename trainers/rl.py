@@ -104,7 +104,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {min(cfg.batch_size, len(train_examples))} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}")
 
-    evaluated = set()
+    # steps whose model has a held-out record (a resumed run keeps those up to ``done``)
+    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r} if cfg.resume else set()
 
     def held_out(step: int) -> None:
         evaluated.add(step)
@@ -147,7 +148,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                             batch={"buffer": buffer, "used": used} if used < cfg.epochs else None)
         bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
     bar.close()
-    if step > done and step not in evaluated:
+    if step not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(step)
     save_model(model, tokenizer, run.path / "final")
     summarize(run)
