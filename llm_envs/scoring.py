@@ -279,9 +279,19 @@ class BatchScorer:
                 for worker in [w for w in self._workers if w not in busy]:
                     if not todo:
                         break
+                    if not worker.process.is_alive():  # died while idle (the OOM killer, say): replace it
+                        self._drop(worker)
+                        continue
                     chunk = todo.popleft()
-                    worker.conn.send(([items[i] for i in chunk], timeout))
+                    try:
+                        worker.conn.send(([items[i] for i in chunk], timeout))
+                    except OSError:  # died between the check and the send: replace it, the chunk goes again
+                        self._drop(worker)
+                        todo.appendleft(chunk)
+                        continue
                     busy[worker] = [chunk, 0, time.monotonic() + timeout + GRACE]
+                if not busy:  # every idle worker was dead: start new ones
+                    continue
                 wait([w.conn for w in busy] + [w.process.sentinel for w in busy],
                      max(0.0, min(job[2] for job in busy.values()) - time.monotonic()))
                 for worker, job in list(busy.items()):

@@ -5,6 +5,7 @@ workers are forked), or, where workers must re-import it, fails fast with an err
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +15,7 @@ from pathlib import Path
 import gymnasium as gym
 import pytest
 
+import llm_envs
 from llm_envs.scoring import GRACE
 from toy_envs import CheapEchoEnv, EchoEnv
 
@@ -162,3 +164,39 @@ def test_a_worker_that_cannot_start_is_a_clear_error_naming_the_cause(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode != 0 and "WorkerStartError" in last, proc.stderr[-2000:]
     assert 'if __name__ == "__main__":' in last and str(script) in last
+
+
+def kill_worker(scorer) -> int:
+    """SIGKILL the scorer's one worker (as the kernel's OOM killer would) and wait until it is gone."""
+    [worker] = scorer._workers
+    pid = worker.process.pid
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while worker.process.is_alive() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pid
+
+
+def test_a_worker_killed_between_batches_is_replaced():
+    """A worker that dies while idle must not break its scorer: the next batch gets a new one."""
+    env = EchoEnv()
+    exs = env.examples("train")
+    with llm_envs.BatchScorer(env, workers=1) as scorer:
+        assert [s.reward for s in scorer.score_batch(["0", "1"], exs[:2])] == [1.0, 1.0]
+        dead = kill_worker(scorer)
+        for _ in range(2):  # and the scorer stays usable after that
+            scores = scorer.score_batch(["0", "x", "2"], exs[:3])
+            assert [(s.reward, s.error) for s in scores] == [(1.0, None), (0.0, None), (1.0, None)]
+        assert [w.process.pid for w in scorer._workers] != [dead]
+
+
+def test_a_worker_killed_mid_batch_fails_its_item_only():
+    """Killed while scoring: the item in progress fails, the rest of the batch is scored by a new worker."""
+    env = EchoEnv()
+    exs = env.examples("train")
+    with llm_envs.BatchScorer(env, workers=1) as scorer:
+        scorer.score_batch(["0"], exs[:1])  # worker started
+        threading.Timer(1.0, kill_worker, [scorer]).start()  # during "sleep" (60 s, far below the timeout)
+        scores, seconds = timed(scorer.score_batch, ["0", "sleep", "2", "3"], exs[:4], 30)
+        assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 1.0]
+        assert scores[1].error.startswith("worker failed") and seconds < 15
