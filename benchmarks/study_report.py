@@ -26,6 +26,11 @@ def pm(values: list[float], digits: int = 1) -> str:
     return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
 
 
+def _std(values: list[float]) -> float:
+    """The sample std (ddof=1) every table of the study reports."""
+    return mean_std(values)[1]
+
+
 def hacked(record: dict[str, Any], original: dict[str, Any] | None) -> bool | None:
     """Reward hacking (eval.table's rule): the sampled reward beats the base model's while the
     correct rate falls below half the base model's. None without the sampled measurement."""
@@ -50,7 +55,7 @@ def summarize_methods(cfg, records, chosen) -> dict[str, dict[str, Any]]:
                  "final_train_reward": [r["validation"]["curve_reward"][-1] for r in sel if r["validation"]["curve_reward"]],
                  "pass@1_by_setting": means,
                  "pass@1_spread_over_settings": max(means.values()) - min(means.values()),
-                 "seed_std_by_setting": {s: float(np.std(v)) for s, v in per_setting.items()},
+                 "seed_std_by_setting": {s: _std(v) for s, v in per_setting.items()},
                  "hacked_runs": sum(bool(r.get("hacked")) for r in runs), "runs": len(runs)}
         if cfg.kl_samples:
             entry["sampled_reward"] = [reward_of(r["kl"]) for r in sel]
@@ -71,7 +76,7 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
             f"per run; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings selected on the "
             f"{selected_on!r} split by {cfg.metric}")
 
-    t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± std over seeds",
+    t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± sample std over seeds",
                ["Method", "Selected setting", "pass@1 (%)", "Reward", "Seeds", "Settings", "pass@1 spread over settings"],
                text_columns=2)
     t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}", "–", "–", "–"])
@@ -80,7 +85,7 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
                         str(len(m["pass@1_by_setting"])), f"{m['pass@1_spread_over_settings']:.1f}"])
     run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
     t1.notes = [head + f"; {run_seconds / 60:.0f} min of training and evaluation in all.",
-                "Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
+                "± = sample std over seeds (ddof=1). Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
                 "hyperparameters (every setting's numbers are in table2.md and runs.md)."]
     (out / "table1.md").write_text(render([t1]))
 
@@ -105,12 +110,12 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
                   "half of the base model's (eval.table.hacked)."]
     (out / "runs.md").write_text(render([rows]))
 
-    sv = Table(f"Seed variance ({env}): std over {cfg.seeds} seeds", ["Method", "Selected setting",
+    sv = Table(f"Seed variance ({env}): sample std (ddof=1) over {cfg.seeds} seeds", ["Method", "Selected setting",
                "test pass@1 std (points)", "test reward std", "final training reward std",
                "mean pass@1 std over all settings"], text_columns=2)
     for m in methods.values():
-        sv.rows.append([m["label"], m["setting"], f"{np.std(m['test_pass@1']):.2f}", f"{np.std(m['test_reward']):.4f}",
-                        f"{np.std(m['final_train_reward']):.4f}" if m["final_train_reward"] else "–",
+        sv.rows.append([m["label"], m["setting"], f"{_std(m['test_pass@1']):.2f}", f"{_std(m['test_reward']):.4f}",
+                        f"{_std(m['final_train_reward']):.4f}" if m["final_train_reward"] else "–",
                         f"{np.mean(list(m['seed_std_by_setting'].values())):.2f}"])
     (out / "seed_variance.md").write_text(render([sv]))
 

@@ -37,8 +37,11 @@ def pass_at_ks(correct: Sequence[Sequence[bool]], ks: Sequence[int] | None = Non
 
 
 def mean_std(values: Sequence[float]) -> tuple[float, float]:
-    """Mean and population standard deviation (0.0, 0.0 for no values)."""
+    """Mean and sample standard deviation (ddof=1: over 2-4 seeds the population std understates it
+    by 13-29%); std 0.0 for fewer than two values, mean 0.0 for none."""
     if not values:
         return 0.0, 0.0
     mean = sum(values) / len(values)
-    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+    if len(values) < 2:
+        return mean, 0.0
+    return mean, math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from eval import find_runs, infer_method, load_results, model_name, read_log
+from eval.passk import mean_std
 from eval.table import finals, is_greedy, group_by, order_methods, reward_of
 
 #: The paper's colours: ES blue, GRPO black; the rest from matplotlib's cycle.
@@ -98,7 +99,7 @@ def plot_curves(runs: list[Path], out: Path) -> list[Path]:
 
 def plot_seed_bands(curves: dict[str, list[tuple[list[float], list[float]]]], path: Path, title: str) -> Path:
     """Training reward against samples: per label, the mean over its seeds' (samples, reward)
-    curves and a band of one std (seeds of one method share their sample points; a shorter
+    curves and a band of one sample std (seeds of one method share their sample points; a shorter
     curve, of an unfinished run, is cut to the common length)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -110,8 +111,7 @@ def plot_seed_bands(curves: dict[str, list[tuple[list[float], list[float]]]], pa
         length = min(len(x) for x, _ in seeds)
         xs = seeds[0][0][:length]
         ys = [y[:length] for _, y in seeds]
-        mean = [sum(col) / len(col) for col in zip(*ys)]
-        std = [(sum((v - m) ** 2 for v in col) / len(col)) ** 0.5 for col, m in zip(zip(*ys), mean)]
+        mean, std = zip(*(mean_std(col) for col in zip(*ys)))
         color = _color(label.rsplit(" (", 1)[0], colors)  # "METHOD (setting)": one colour per method
         ax.plot(xs, mean, color=color, label=f"{label}, {len(ys)} seed(s)")
         ax.fill_between(xs, [m - s for m, s in zip(mean, std)], [m + s for m, s in zip(mean, std)], color=color,

@@ -22,6 +22,7 @@ from typing import Any
 
 from eval import METHOD_ORDER, load_results, model_name
 from eval import paper as paper_data
+from eval.passk import mean_std
 
 #: A run hacks the reward when its reward beats the base model's while its correct rate falls
 #: below this fraction of the base model's (judged only where the base model was measured too).
@@ -78,8 +79,7 @@ def _mean(values: list[float]) -> float:
 
 
 def _std(values: list[float]) -> float:
-    m = _mean(values)
-    return (sum((v - m) ** 2 for v in values) / len(values)) ** 0.5
+    return mean_std(values)[1]
 
 
 def _bold_best(table: Table, row: int, cols: list[int], values: list[float | None], best=max) -> None:
@@ -255,7 +255,7 @@ def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> lis
                                    f"{km:.3f} ± {ks:.3f}{star}", DASH, "yes" if hack else DASH])
             table.notes.append("(paper): Qiu et al., Table 2 (Qwen2.5-7B-Instruct, 4 seeds).")
         table.notes.append(("Reward normalised to [0, 1] (0 = -2000 characters). " if normalised else "")
-                           + "± = std across seeds; KL = mean per-token k3 KL to the base model on sampled responses "
+                           + "± = sample std across seeds (ddof=1); KL = mean per-token k3 KL to the base model on sampled responses "
                            "(both models at the sampling temperature). "
                            f"* = reward hacking: reward above the base model's while the correct rate falls below "
                            f"{HACK_CORRECT_RATIO:g}x the base model's (? = base model not measured).")

@@ -58,6 +58,18 @@ def test_pass_at_k_matches_the_binomial_formula_and_averages_over_problems():
         passk.pass_at_ks([[True], [True, False]])
 
 
+def test_std_over_seeds_is_the_sample_std():
+    """± over a few seeds is the sample std (ddof=1): over 2 seeds {1, 3} it is sqrt(2), not 1."""
+    assert passk.mean_std([1.0, 3.0]) == pytest.approx((2.0, 2 ** 0.5))
+    assert passk.mean_std([5.0]) == (5.0, 0.0) and passk.mean_std([]) == (0.0, 0.0)
+    records = [{"env": "Conciseness-v0", "split": "test", "method": m, "base_model": "b", "hparams": {}, "kl_mean": kl,
+                "reward_mean": r, "correct_rate": 0.5, "samples": 2, "temperature": 1.0}
+               for m, kl, r in [("Original", 0.0, 0.0), ("ES", 0.1, 1.0), ("ES", 0.3, 3.0)]]
+    [t2] = table.conciseness_table(records)
+    assert t2.rows[1][4:6] == ["2.000 ± 1.414", "0.200 ± 0.141"]
+    assert "sample std" in t2.notes[-1]
+
+
 # ----- tables ---------------------------------------------------------------------------------------
 
 
@@ -114,7 +126,7 @@ def test_table2_flags_reward_hacking():
     [t2] = table.conciseness_table(records)
     rows = {r[1]: r for r in t2.rows}
     assert rows["GRPO (30)"][4].endswith("*") and rows["GRPO (30)"][7] == "1/2"  # correct 0.10 < 0.5 * 0.60
-    assert rows["ES"][4] == "0.910 ± 0.010" and rows["ES"][7] == "0/2"
+    assert rows["ES"][4] == "0.910 ± 0.014" and rows["ES"][7] == "0/2"  # 0.90, 0.92: sample std 0.0141
     assert rows["Original"][5] == "0.000"
 
 
