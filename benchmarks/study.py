@@ -46,7 +46,8 @@ from tqdm import tqdm
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
 from trainers.config import ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
-from trainers.run_dir import RunDirError, read_jsonl
+from trainers.models import resolve_device
+from trainers.run_dir import RUNTIME_FILE, RunDirError, read_jsonl
 from trainers.splits import MIN_VALIDATION, VALIDATION
 
 METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
@@ -96,6 +97,9 @@ class StudyConfig:
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 (default: fp32 on CPU, bf16 on CUDA)"})
     keep_weights: bool = field(default=False, metadata={"help": "keep every run's final model (default: deleted once measured)"})
+    unequal_budgets: bool = field(default=False, metadata={"help": "accept methods whose actual training responses "
+                                                                   "(whole steps within --max-samples) differ by more "
+                                                                   "than one step of the method with the smallest step"})
 
     def validate(self) -> None:
         try:
@@ -176,6 +180,25 @@ def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
     if method == "es_lowrank":
         return cfg.lowrank_population * prompts
     return prompts * cfg.group_size
+
+
+def budget(cfg: StudyConfig, method: str, prompts: int) -> int:
+    """Training responses ``method`` actually generates: the whole steps that fit ``--max-samples``."""
+    step = per_step(cfg, method, prompts)
+    return cfg.max_samples // step * step
+
+
+def check_budgets(cfg: StudyConfig, prompts: int) -> None:
+    """Refuse methods whose actual budgets differ by more than one step of the method with the smallest
+    step (unless ``--unequal-budgets``): "the same sample budget" must hold for what the runs generate."""
+    steps = {m: per_step(cfg, m, prompts) for m in cfg.method_list}
+    used = {m: budget(cfg, m, prompts) for m in cfg.method_list}
+    gap, finest = max(used.values()) - min(used.values()), min(steps.values())
+    if gap > finest and not cfg.unequal_budgets:
+        each = ", ".join(f"{LABELS[m]} {used[m]} ({used[m] // steps[m]} x {steps[m]})" for m in cfg.method_list)
+        raise ConfigError(f"--max-samples {cfg.max_samples}: the methods' actual budgets differ by {gap} responses, "
+                          f"more than one step of the smallest ({finest}): {each}; a multiple of "
+                          f"{math.lcm(*steps.values())} gives all the same budget (or pass --unequal-budgets true)")
 
 
 def prompts_per_step(cfg: StudyConfig, n_train: int) -> int:
@@ -301,6 +324,39 @@ def validation_result(run: Run) -> dict[str, Any]:
             "samples": train[-1]["samples"] if train else 0, "seconds": sum(r.get("seconds", 0.0) for r in train)}
 
 
+def training_runtime(run: Run) -> list[str]:
+    """What the run trained with, per start and resume: the distinct "device dtype" pairs it recorded."""
+    return list(dict.fromkeys(f"{r['device']} {r['dtype']}" for r in read_jsonl(run.path / RUNTIME_FILE)))
+
+
+def recorded_devices(out: Path) -> dict[str, str]:
+    """Device type -> one place that recorded it, over the study's runs and evaluations so far."""
+    found: dict[str, str] = {}
+    for path in sorted(out.glob(f"runs/*/*/*/{RUNTIME_FILE}")):
+        for r in read_jsonl(path):
+            found.setdefault(r["device"], str(path.parent))
+    for path in sorted(out.rglob("summary.json")):
+        device = json.loads(path.read_text()).get("device")
+        if device:
+            found.setdefault(device, str(path.parent))
+    return found
+
+
+def check_device(cfg: StudyConfig, out: Path) -> None:
+    """A study resumed on another kind of device would mix numerics in one table (the default dtype
+    follows the device, and kernels differ): refused, naming where the earlier work ran."""
+    try:
+        device = resolve_device(cfg.device).type
+    except ValueError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+    other = {d: where for d, where in recorded_devices(out).items() if d != device}
+    if other:
+        used, where = next(iter(other.items()))
+        raise ConfigError(f"--out {out}: its runs and evaluations so far ran on {used} ({where}), this invocation "
+                          f"would run on {device}, and one table must not mix their numerics: pass --device {used}, "
+                          f"or use another --out")
+
+
 def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any]:
     """Train, validate and measure one run (each step skipped when done before); its record."""
     record_file = run.path / "study_record.json"
@@ -312,7 +368,8 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
     train_run(cfg, run, argv)
     bar.update(1)
     record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
-              "seed": run.seed, "run": str(run.path), "validation": validation_result(run)}
+              "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
+              "runtime": training_runtime(run)}
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
@@ -329,7 +386,7 @@ def brief(summary: dict[str, Any]) -> dict[str, Any]:
     """What the study keeps of a harness summary."""
     keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
             "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
-            "kl_std", "kl_estimator", "errors", "file")
+            "kl_std", "kl_estimator", "errors", "device", "dtype", "file")
     return {k: summary.get(k) for k in keys}
 
 
@@ -377,6 +434,7 @@ def study(cfg: StudyConfig) -> Path:
             raise ConfigError(f"--max-samples {cfg.max_samples} is less than one {LABELS[method]} "
                               f"{'iteration' if method.startswith('es_') else 'step'} ({need} responses: "
                               f"{prompts} prompts x {need // prompts}); raise it or shrink the population/group")
+    check_budgets(cfg, prompts)
     env.close()
     out = Path(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}")
     saved, identity = out / "study.json", _identity(cfg)
@@ -386,6 +444,7 @@ def study(cfg: StudyConfig) -> Path:
             changed = sorted(k for k in previous.keys() | identity.keys() if previous.get(k) != identity.get(k))
             raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
                               f"use another --out, or the same options to resume it")
+        check_device(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     saved.write_text(json.dumps(identity, indent=1) + "\n")
     runs = plan(cfg, out)
@@ -419,8 +478,8 @@ def study(cfg: StudyConfig) -> Path:
 
 def _identity(cfg: StudyConfig) -> dict[str, Any]:
     """The options that define a study's runs (a resumed study must not mix others in); where the runs
-    happen and how their memory is split (``INVOCATION``) are not among them."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *INVOCATION)}
+    happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "unequal_budgets", *INVOCATION)}
 
 
 def main(argv: list[str] | None = None) -> Path:

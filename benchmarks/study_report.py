@@ -31,6 +31,40 @@ def _std(values: list[float]) -> float:
     return mean_std(values)[1]
 
 
+def responses(counts: list[int]) -> str:
+    """A method's training responses per run as tables show them: one number, or the range over its runs."""
+    return str(min(counts)) if min(counts) == max(counts) else f"{min(counts)}-{max(counts)}"
+
+
+def numerics(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Where the study's numbers were computed, as its tables say it; a study whose evaluations, or a
+    method's trainings, mixed device types or dtypes is refused (``ConfigError``): one table must not
+    hold numbers computed differently. Results saved before this was recorded say so."""
+    from trainers.config import ConfigError
+
+    summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
+    evaluated = {f"{s['device']} {s['dtype']}" for s in summaries if s.get("device")}
+    trained: dict[str, set[str]] = {}
+    for r in records:
+        trained.setdefault(r["label"], set()).update(r.get("runtime") or [])
+    mixed = [f"evaluations on {' and '.join(sorted(evaluated))}"] if len(evaluated) > 1 else []
+    mixed += [f"{label} trained on {' and '.join(sorted(ts))}" for label, ts in trained.items() if len(ts) > 1]
+    devices = {t.split()[0] for t in evaluated.union(*trained.values())}
+    if len(devices) > 1 and not mixed:
+        mixed.append(f"devices {' and '.join(sorted(devices))}")
+    if mixed:
+        raise ConfigError(f"the study mixes numerics ({'; '.join(mixed)}), so its tables would compare numbers "
+                          f"computed differently: run it again on one device, into another --out")
+    kinds = set().union(*trained.values())
+    if not evaluated and not kinds:
+        return "device and dtype not recorded (results saved before they were)"
+    if len(kinds) > 1:  # on CUDA: ES weights in bf16, RL's fp32 masters
+        training = ", ".join(f"{label} {t}" for label, ts in trained.items() for t in ts)
+    else:
+        training = kinds.pop() if kinds else "not recorded"
+    return f"device and dtype: evaluation {evaluated.pop() if evaluated else 'not recorded'}, training {training}"
+
+
 def hacked(record: dict[str, Any], original: dict[str, Any] | None) -> bool | None:
     """Reward hacking (eval.table's rule): the sampled reward beats the base model's while the
     correct rate falls below half the base model's. None without the sampled measurement."""
@@ -56,7 +90,8 @@ def summarize_methods(cfg, records, chosen) -> dict[str, dict[str, Any]]:
                  "pass@1_by_setting": means,
                  "pass@1_spread_over_settings": max(means.values()) - min(means.values()),
                  "seed_std_by_setting": {s: _std(v) for s, v in per_setting.items()},
-                 "hacked_runs": sum(bool(r.get("hacked")) for r in runs), "runs": len(runs)}
+                 "hacked_runs": sum(bool(r.get("hacked")) for r in runs), "runs": len(runs),
+                 "training_responses": [r["validation"]["samples"] for r in runs]}
         if cfg.kl_samples:
             entry["sampled_reward"] = [reward_of(r["kl"]) for r in sel]
             entry["kl"] = [r["kl"]["kl_mean"] for r in sel]
@@ -72,17 +107,20 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     methods = summarize_methods(cfg, records, chosen)
     greedy_base = base["greedy"]
     n, mnt, env = greedy_base["n"], greedy_base["max_new_tokens"], greedy_base["env"]
-    head = (f"{env}, base model {model_name(cfg.model)}; {cfg.seeds} seed(s); {cfg.max_samples} training responses "
-            f"per run; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings selected on the "
-            f"{selected_on!r} split by {cfg.metric}")
+    budgets = ", ".join(f"{m['label']} {responses(m['training_responses'])}" for m in methods.values())
+    head = (f"{env}, base model {model_name(cfg.model)}; {cfg.seeds} seed(s); training responses per run (budget "
+            f"{cfg.max_samples}): {budgets}; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings "
+            f"selected on the {selected_on!r} split by {cfg.metric}; {numerics(base, records)}")
 
     t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± sample std over seeds",
-               ["Method", "Selected setting", "pass@1 (%)", "Reward", "Seeds", "Settings", "pass@1 spread over settings"],
-               text_columns=2)
-    t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}", "–", "–", "–"])
+               ["Method", "Selected setting", "pass@1 (%)", "Reward", "Training responses", "Seeds", "Settings",
+                "pass@1 spread over settings"], text_columns=2)
+    t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}", "–", "–", "–",
+                    "–"])
     for method, m in methods.items():
-        t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3), str(m["seeds"]),
-                        str(len(m["pass@1_by_setting"])), f"{m['pass@1_spread_over_settings']:.1f}"])
+        t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3),
+                        responses(m["training_responses"]), str(m["seeds"]), str(len(m["pass@1_by_setting"])),
+                        f"{m['pass@1_spread_over_settings']:.1f}"])
     run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
     t1.notes = [head + f"; {run_seconds / 60:.0f} min of training and evaluation in all.",
                 "± = sample std over seeds (ddof=1). Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
@@ -98,11 +136,13 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
         (out / "table2.md").write_text(render(t2))
         plot_pareto(kl_records, out)
 
-    rows = Table(f"Every run ({env})", ["Method", "Setting", "Seed", f"val {cfg.metric}", "test pass@1 (%)",
-                                           "test reward", "sampled reward", "KL", "hacked", "train s"], text_columns=3)
+    rows = Table(f"Every run ({env})", ["Method", "Setting", "Seed", "training responses", f"val {cfg.metric}",
+                                           "test pass@1 (%)", "test reward", "sampled reward", "KL", "hacked", "train s"],
+                 text_columns=3)
     for r in records:
         kl = r.get("kl") or {}
-        rows.rows.append([r["label"], r["setting"], str(r["seed"]), f"{r['validation'][cfg.metric]:.4f}",
+        rows.rows.append([r["label"], r["setting"], str(r["seed"]), str(r["validation"]["samples"]),
+                          f"{r['validation'][cfg.metric]:.4f}",
                           f"{100 * r['greedy']['pass@1']:.1f}", f"{r['greedy']['reward_mean']:.4f}",
                           f"{reward_of(kl):.4f}" if kl else "–", f"{kl['kl_mean']:.4f}" if kl else "–",
                           {True: "yes", False: "no", None: "–"}[r.get("hacked")], f"{r['validation']['seconds']:.0f}"])
@@ -111,10 +151,12 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     (out / "runs.md").write_text(render([rows]))
 
     sv = Table(f"Seed variance ({env}): sample std (ddof=1) over {cfg.seeds} seeds", ["Method", "Selected setting",
-               "test pass@1 std (points)", "test reward std", "final training reward std",
+               "training responses", "test pass@1 std (points)", "test reward std", "final training reward std",
                "mean pass@1 std over all settings"], text_columns=2)
+    sv.notes = [head + "."]
     for m in methods.values():
-        sv.rows.append([m["label"], m["setting"], f"{_std(m['test_pass@1']):.2f}", f"{_std(m['test_reward']):.4f}",
+        sv.rows.append([m["label"], m["setting"], responses(m["training_responses"]), f"{_std(m['test_pass@1']):.2f}",
+                        f"{_std(m['test_reward']):.4f}",
                         f"{_std(m['final_train_reward']):.4f}" if m["final_train_reward"] else "–",
                         f"{np.mean(list(m['seed_std_by_setting'].values())):.2f}"])
     (out / "seed_variance.md").write_text(render([sv]))
@@ -135,3 +177,40 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
 def _hp(hparams: dict[str, float]) -> dict[str, float]:
     """A setting's hyperparameters as Table 2 shows them: without the alpha that sigma implies."""
     return {k: v for k, v in hparams.items() if k != "alpha"}
+
+
+# ----- re-rendering a finished study ------------------------------------------------------------------------
+
+
+def rerender(out: Path) -> None:
+    """Write every table, figure and ``results.json`` of a finished study again from its saved
+    ``results.json``, with this code's report (no run is trained or measured; settings are selected
+    again by ``benchmarks.study.select``)."""
+    from benchmarks.study import StudyConfig, select
+
+    results = json.loads((out / "results.json").read_text())
+    cfg = StudyConfig(**results["config"])
+    cfg.validate()
+    records = results["runs"]
+    write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
+                 results["wall_seconds_last_invocation"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    from trainers.config import ConfigError, fail
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.study_report",
+                                     description="Re-render a finished study's tables and figures from its results.json.")
+    parser.add_argument("study_dir", help="the study's --out (it holds results.json)")
+    args = parser.parse_args(argv)
+    try:
+        rerender(Path(args.study_dir))
+    except (ConfigError, OSError, KeyError, TypeError) as exc:
+        fail(f"{args.study_dir}: cannot re-render ({type(exc).__name__}: {exc})")
+    print(f"re-rendered {args.study_dir} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
+
+
+if __name__ == "__main__":
+    main()

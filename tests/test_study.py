@@ -66,6 +66,15 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
         assert set(chosen["all"]) == {r["setting"] for r in runs if r["method"] == method}
     assert results["base"]["kl"]["kl_mean"] == 0.0
     assert results["methods"]["grpo"]["seeds"] == 2 and len(results["methods"]["grpo"]["test_pass@1"]) == 2
+    # every table reports each method's actual training responses, and how its numbers were computed
+    assert all(m["training_responses"] == [32] * m["runs"] for m in results["methods"].values())
+    assert "| Training responses |" in table1 and "| ES (low-rank) | sigma=0.01 |" in table1
+    assert all(row.split(" | ")[4] == "32" for row in table1.splitlines() if row.startswith("| ES (low-rank)"))
+    for name in ("table1.md", "table2.md", "runs.md", "seed_variance.md"):
+        text = (out / name).read_text()
+        assert "(budget 32): ES (full-rank) 32, ES (low-rank) 32, GRPO 32, Dr.GRPO 32, PPO 32" in text, name
+        assert "device and dtype: evaluation cpu float32, training cpu float32" in text, name
+    assert all(r["runtime"] == ["cpu float32"] and r["greedy"]["device"] == "cpu" for r in runs)
     # weights are deleted once measured; logs stay
     assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
 
@@ -115,6 +124,9 @@ def test_the_validation_number_is_the_final_models(tmp_path):
     (["--betas", "-1"], "--betas: must be >= 0"),
     (["--seeds", "0"], "--seeds: must be >= 1"),
     (["--lowrank-population", "7"], "--lowrank-population: must be even with --mirrored"),
+    # ES 6 x 8 and RL 6 x 8 = 48 responses, low-rank ES 1 x 32 = 32: 16 apart, two steps of 8
+    (["--max-samples", "48", "--lowrank-population", "16"], "--max-samples 48: the methods' actual budgets differ by "
+     "16 responses, more than one step of the smallest (8): ES (full-rank) 48 (6 x 8), ES (low-rank) 32 (1 x 32)"),
 ])
 def test_bad_input_is_one_line(tmp_path, tiny_model_dir, capsys, extra, message):
     out = tmp_path / "study"
@@ -123,6 +135,47 @@ def test_bad_input_is_one_line(tmp_path, tiny_model_dir, capsys, extra, message)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_unequal_budgets_pass_when_accepted(tmp_path, tiny_model_dir, kill_on_call):
+    """--unequal-budgets accepts the budgets refused above (the tables then show each method's own);
+    it changes no run, so it is not part of the study's identity."""
+    out = tmp_path / "study"
+    with kill_on_call(study, "measure", 1):
+        study.main(tiny_argv(out, tiny_model_dir, "--max-samples", "48", "--lowrank-population", "16",
+                             "--unequal-budgets", "true"))
+    assert "unequal_budgets" not in json.loads((out / "study.json").read_text())
+
+
+def test_a_study_resumed_on_another_device_is_refused(tmp_path, tiny_model_dir, kill_on_call, capsys):
+    """The default dtype follows the device (fp32 on CPU, bf16 on CUDA): a study whose earlier work
+    ran elsewhere must not mix its numbers into one table."""
+    out = tmp_path / "study"
+    with kill_on_call(study, "measure", 2):  # the base model's greedy evaluation is done
+        study.main(tiny_argv(out, tiny_model_dir))
+    summary = out / "evals" / "base" / "greedy" / "summary.json"
+    assert json.loads(summary.read_text())["device"] == "cpu"
+    summary.write_text(json.dumps(dict(json.loads(summary.read_text()), device="cuda", dtype="bfloat16")))
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        study.main(tiny_argv(out, tiny_model_dir))
+    err = capsys.readouterr().err
+    assert "its runs and evaluations so far ran on cuda" in err and "this invocation would run on cpu" in err
+    assert "Traceback" not in err
+
+
+def test_the_report_refuses_mixed_numerics():
+    from benchmarks.study_report import numerics
+
+    base = {"greedy": {"device": "cpu", "dtype": "float32"}}
+    run = {"label": "GRPO", "runtime": ["cpu float32"], "greedy": {"device": "cpu", "dtype": "float32"}}
+    assert numerics(base, [run]) == "device and dtype: evaluation cpu float32, training cpu float32"
+    resumed_on_gpu = dict(run, runtime=["cpu float32", "cuda float32"])
+    with pytest.raises(study.ConfigError, match=r"mixes numerics \(GRPO trained on cpu float32 and cuda float32\)"):
+        numerics(base, [run, resumed_on_gpu])
+    with pytest.raises(study.ConfigError, match="evaluations on cpu float32 and cuda bfloat16"):
+        numerics(base, [dict(run, greedy={"device": "cuda", "dtype": "bfloat16"})])
+    assert numerics({"greedy": {}}, [{"label": "GRPO"}]).startswith("device and dtype not recorded")
 
 
 def test_unknown_env_and_changed_options_are_refused(tmp_path, tiny_model_dir, capsys):

@@ -313,6 +313,7 @@ def train(cfg: ESConfig) -> Path:
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
     dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
     check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
+    run.note_runtime(model, done)
     params, layers = perturbable(model, cfg)
     if ckpts:
         load_masters(params, run.checkpoint_dir(ckpts[-1]))

@@ -82,6 +82,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     done, state = ckpt if ckpt else (0, {})
     model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, cfg.device,
                                    cfg.gradient_checkpointing)
+    run.note_runtime(model, done)
     ref = load_reference(cfg.model, cfg.device) if cfg.beta else None
     algo = algorithm(cfg, model, tokenizer, ref)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)

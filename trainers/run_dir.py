@@ -4,6 +4,7 @@
     RUN/log.jsonl          one JSON record per iteration (and per evaluation)
     RUN/tb/                TensorBoard events of the same scalars
     RUN/updates.jsonl      ES only: seeds and coefficients of every applied update
+    RUN/runtime.jsonl      per start and resume: the device type and weight dtype it computed with
     RUN/checkpoints/K/     weights (Hugging Face format) after iteration K, plus trainer state
     RUN/final/             the final model (``AutoModelForCausalLM.from_pretrained`` loads it)
 
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 
 TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
+RUNTIME_FILE = "runtime.jsonl"  # per (re)start: the iteration it starts after, device type and weight dtype
 
 
 class RunDirError(ValueError):
@@ -75,6 +77,14 @@ class RunDir:
         if self.is_main and (self.path / "log.jsonl").exists():
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
             _atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
+
+    def note_runtime(self, model, iteration: int) -> None:
+        """Record what this start (or resume, after ``iteration``) computes with: the device type and
+        the weights' dtype, which change the numbers (a study refuses to mix them in one table)."""
+        if self.is_main:
+            p = next(model.parameters())
+            _append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
+                                                    "dtype": str(p.dtype).removeprefix("torch.")})
 
     # ----- checkpoints -----------------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
