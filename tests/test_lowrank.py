@@ -5,9 +5,12 @@ architectures, fp32 and bf16), the update equals its formula, and bad ranks are 
 import copy
 import math
 
+import numpy as np
 import pytest
 import torch
 
+from llm_envs import BatchScorer, Example, Score, chat
+from toy_envs import LetterEnv
 from trainers import lowrank, noise
 from trainers.generation import generate
 
@@ -77,8 +80,6 @@ def test_batched_logits_equal_explicit_members(arch, rank, tiny_model, tiny_toke
 def test_greedy_and_sampled_generation_with_kv_cache_equal_members_alone(tiny_model, tiny_tokenizer):
     """Every member gets, in one batched generate call (KV cache on), the completions it gets alone;
     sampling at a vanishing temperature goes through the sampling path and must give the same."""
-    from llm_envs import chat
-
     prompts = [chat("Say 3."), chat("What is the capital of France?")]
     rows = [p for _ in SEEDS for p in prompts]  # member-major
     layers = lowrank.select_layers(tiny_model, None, 2)
@@ -166,3 +167,66 @@ def test_layer_selection_errors(tiny_model):
         lowrank.select_layers(tiny_model, None, 33)  # k_proj: 2 kv heads x 16 = 32 outputs
     with pytest.raises(ConfigError, match="--param-filter 'norm' matches no linear layer"):
         lowrank.select_layers(tiny_model, "norm", 1)
+
+
+# ----- the ES trainer's batched evaluation: member rows -> per-member numbers -----------------------------
+
+
+class ParityEnv(LetterEnv):
+    """Reward and verdict vary with the completion: reward = its length mod 7, correct = even length."""
+
+    def score_completion(self, completion, example):
+        return Score(float(len(completion) % 7), len(completion) % 2 == 0)
+
+
+#: Prompts of very different lengths (left padding differs per row)
+PROMPTS = [chat("Say 3."), chat("What is the capital of France? Answer in one word, please, and then stop."),
+           chat("the a an of to in is it that for on with as was be by this are or from at which but not")]
+
+
+def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
+    """(rewards, accuracy, tokens, rows per generate call) of a mirrored population of 4 (two pairs)
+    through ``es.evaluate_batched``."""
+    from trainers import es, rollout
+
+    cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--rank", "2", "--sigma", str(SIGMA),
+                      "--population", "4", "--mirrored", "true", "--max-new-tokens", "8",
+                      *(["--gen-batch-size", str(gen_batch_size)] if gen_batch_size else [])])
+    seeds, signs = es.population(cfg, 1)
+    batch = [Example(f"p{i}", p, "a") for i, p in enumerate(PROMPTS)]
+    calls = []
+    real = rollout.rollout
+    monkeypatch.setattr(es, "rollout", lambda m, t, s, examples, *a, **k: calls.append(len(examples))
+                        or real(m, t, s, examples, *a, **k))
+    arrays = [np.zeros(4) for _ in range(3)]
+    es.evaluate_batched(cfg, model, tokenizer, BatchScorer(ParityEnv(), 0), lowrank.select_layers(model, None, 2),
+                        batch, [(n, seeds[n], signs[n]) for n in range(4)], *arrays)
+    return (*arrays, calls, seeds, signs, batch)
+
+
+@pytest.mark.parametrize("gen_batch_size, calls", [(None, [12]), (6, [6, 6]), (2, [2, 1] * 4)])
+def test_evaluate_batched_gives_each_member_its_own_mean_reward_accuracy_and_tokens(
+        gen_batch_size, calls, tiny_model, tiny_tokenizer, monkeypatch):
+    """Each member's numbers are those of that member evaluated alone (E added to its weights):
+    mirrored pairs, prompts of varied lengths, one call or several."""
+    rewards, accuracy, tokens, seen, seeds, signs, batch = batched_numbers(tiny_model, tiny_tokenizer, gen_batch_size,
+                                                                           monkeypatch)
+    assert seen == calls
+    env = ParityEnv()
+    for n, (seed, sign) in enumerate(zip(seeds, signs)):
+        alone = generate(explicit_member(tiny_model, seed, sign, 2), tiny_tokenizer, PROMPTS, max_new_tokens=8)
+        scores = [env.score_completion(text, e) for text, e in zip(alone.texts, batch)]
+        assert rewards[n] == np.mean([s.reward for s in scores]), n
+        assert accuracy[n] == np.mean([s.correct for s in scores]), n
+        assert tokens[n] == sum(alone.num_tokens), n
+    assert len(set(rewards)) > 2 and 0 < accuracy.mean() < 1, "members must differ, or the test proves nothing"
+
+
+def test_gen_batch_size_caps_every_low_rank_call_below_the_prompts_per_member(tiny_model, tiny_tokenizer, monkeypatch):
+    """--gen-batch-size 2 with 3 prompts per member: no call holds more than 2 rows (a member's
+    prompts are split over calls), and every member's numbers are those of one call for all."""
+    *split, seen, _, _, _ = batched_numbers(tiny_model, tiny_tokenizer, 2, monkeypatch)
+    *whole, _, _, _, _ = batched_numbers(tiny_model, tiny_tokenizer, None, monkeypatch)
+    assert max(seen) <= 2 and sum(seen) == 12
+    for a, b in zip(split, whole):
+        assert np.array_equal(a, b)

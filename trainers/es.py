@@ -171,35 +171,43 @@ def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, scorer, params
 
 def evaluate_batched(cfg: ESConfig, model, tokenizer, scorer, layers, batch, members, rewards, accuracy, tokens) -> None:
     """Low-rank mode: every (member, prompt) pair is one row of one ``generate`` call, rows
-    member-major; more calls only when the rows do not fit in memory (``--gen-batch-size`` caps
-    them). Fills the per-member arrays in place."""
+    member-major; more calls only when the rows do not fit in memory. ``--gen-batch-size`` caps the
+    rows of every call: whole members while P prompts fit, else one member's prompts split over
+    calls. Fills the per-member arrays in place, over all P rows of each member."""
     P = len(batch)
     if cfg.gen_batch_size:
-        per_call = max(1, cfg.gen_batch_size // P)
+        cap = cfg.gen_batch_size
     else:
         longest = max(len(ids) for ids in encode_prompts(tokenizer, [e.prompt for e in batch]))
-        per_call = max(1, rows_that_fit(model, longest + cfg.max_new_tokens) // P)
-    start = 0
-    while start < len(members):
-        chunk = members[start:start + per_call]
+        cap = max(1, rows_that_fit(model, longest + cfg.max_new_tokens))
+    rows: dict[int, list[tuple[llm_envs.Score, int]]] = {n: [] for n, _, _ in members}  # (score, tokens) per row
+    done = 0  # rows generated, member-major: member done // P, its prompt done % P
+    while done < len(members) * P:
+        first, prompt = divmod(done, P)
+        if prompt == 0 and cap >= P:  # whole members
+            chunk, prompts = members[first:first + cap // P], batch
+        else:  # one member's prompts over several calls
+            chunk, prompts = members[first:first + 1], batch[prompt:prompt + cap]
         pop = lowrank.Population(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
         try:
             with pop.applied():
-                r = rollout(model, tokenizer, scorer, [e for _ in chunk for e in batch], cfg.max_new_tokens,
-                            len(chunk) * P, sort=False)
+                r = rollout(model, tokenizer, scorer, [e for _ in chunk for e in prompts], cfg.max_new_tokens,
+                            len(chunk) * len(prompts), sort=False)
         except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
-            if per_call == 1:
+            if cap == 1:
                 raise
-            per_call = max(1, per_call // 2)
+            cap = max(1, cap // 2)
             del pop
             torch.cuda.empty_cache()
             continue
         for k, (n, _, _) in enumerate(chunk):
-            rows = slice(k * P, (k + 1) * P)
-            rewards[n] = np.mean([s.reward for s in r.scores[rows]])
-            accuracy[n] = np.mean([bool(s.correct) for s in r.scores[rows]])
-            tokens[n] = sum(r.num_tokens[rows])
-        start += len(chunk)
+            own = slice(k * len(prompts), (k + 1) * len(prompts))
+            rows[n] += zip(r.scores[own], r.num_tokens[own])
+        done += len(chunk) * len(prompts)
+    for n, scored in rows.items():
+        rewards[n] = np.mean([s.reward for s, _ in scored])
+        accuracy[n] = np.mean([bool(s.correct) for s, _ in scored])
+        tokens[n] = sum(t for _, t in scored)
 
 
 def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer] | None]:
