@@ -230,3 +230,71 @@ def test_gen_batch_size_caps_every_low_rank_call_below_the_prompts_per_member(ti
     assert max(seen) <= 2 and sum(seen) == 12
     for a, b in zip(split, whole):
         assert np.array_equal(a, b)
+
+
+# ----- what low-rank mode cannot perturb: MoE experts -------------------------------------------------------
+
+
+class RoutedExperts(torch.nn.Module):
+    """A top-1 MoE block whose experts are separate nn.Linear modules (older transformers, custom
+    code): each expert sees only the tokens routed to it."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.router = torch.nn.Linear(d, 2, bias=False)
+        self.experts = torch.nn.ModuleList(torch.nn.Linear(d, d, bias=False) for _ in range(2))
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        choice = self.router(flat).argmax(-1)
+        out = torch.zeros_like(flat)
+        for i, expert in enumerate(self.experts):
+            picked = (choice == i).nonzero().squeeze(-1)
+            out[picked] = expert(flat[picked])
+        return out.view_as(x)
+
+
+def test_routed_expert_layers_are_refused(tiny_model):
+    from trainers import es
+    from trainers.config import ConfigError
+
+    model = copy.deepcopy(tiny_model)
+    model.model.layers[0].mlp = RoutedExperts(64)
+    cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank"])
+    with pytest.raises(ConfigError, match=r"low-rank noise cannot perturb model\.layers\.0\.mlp\.experts\.\d\.weight: "
+                                          r"it saw \d of the 8 token rows"):
+        es.perturbable(model, cfg)
+    es.perturbable(model, es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--param-filter",
+                                      r"self_attn|layers\.1\."]))  # left out: accepted
+    es.perturbable(tiny_model, cfg)  # a dense model: every layer sees every row
+
+
+def tiny_mixtral_dir(tokenizer, path):
+    """A 2-layer Mixtral: in current transformers its experts are fused 3-D parameters, not nn.Linear."""
+    from transformers import MixtralConfig, MixtralForCausalLM
+
+    from trainers.models import save_model
+
+    cfg = MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,
+                        num_experts_per_tok=2, max_position_embeddings=256, tie_word_embeddings=True,
+                        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                        pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    save_model(MixtralForCausalLM(cfg).eval(), tokenizer, path)
+    return path
+
+
+def test_the_perturbed_share_is_printed_and_a_small_one_warned(tiny_tokenizer, tiny_model_dir, tmp_path, capsys):
+    from trainers import es
+
+    args = ["--env", "Conciseness-v0", "--noise", "lowrank", "--iterations", "0", "--max-new-tokens", "2",
+            "--eval-limit", "1"]
+    es.main([*args, "--model", str(tiny_mixtral_dir(tiny_tokenizer, tmp_path / "mixtral")), "--out", str(tmp_path / "a")])
+    out = capsys.readouterr().out
+    # q, k, v, o of 2 layers: 2 x (32x32 + 16x32 + 16x32 + 32x32) = 6,144 of 68,512 parameters
+    assert "parameters perturbed (9.0% of the model; low-rank" in out
+    assert "warning: low-rank noise perturbs only 9.0% of this model's parameters" in out
+    es.main([*args, "--model", str(tiny_model_dir), "--out", str(tmp_path / "b")])
+    out = capsys.readouterr().out
+    assert "% of the model; low-rank" in out and "warning" not in out

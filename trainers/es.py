@@ -215,6 +215,7 @@ def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer]
     (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
     if cfg.noise == "lowrank":
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
+        lowrank.check_rows(model, layers)
         return noise.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
     return noise.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
 
@@ -335,8 +336,13 @@ def train(cfg: ESConfig) -> Path:
 
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
     mode += f", {dist.world} processes" if dist.world > 1 else ""
-    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({mode}), N={cfg.population}, sigma={cfg.sigma}, "
-        f"alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
+    share = params.numel() / sum(p.numel() for p in model.parameters())
+    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}), "
+        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
+    if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
+        say(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs nn.Linear / "
+            f"Conv1D weights, and the rest (fused 3-D MoE experts, embeddings, ...) keeps its base values; "
+            f"--noise full perturbs every parameter")
 
     # iterations whose model has a held-out record (a resumed run keeps those up to ``done``)
     evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \

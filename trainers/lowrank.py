@@ -1,5 +1,6 @@
 """Low-rank population noise (EGGROLL, arXiv 2511.16652): a whole ES population in one batched
-forward pass, on any Hugging Face causal LM.
+forward pass, on a Hugging Face causal LM whose weight matrices are ``nn.Linear`` (or GPT-2
+``Conv1D``) modules that see every token: dense models (Llama, Qwen2, GPT-2 layouts are tested).
 
 Member n perturbs every selected weight matrix W (d_out x d_in) by sigma * E_n with
 
@@ -21,7 +22,11 @@ What is perturbed: the weight matrices of every ``nn.Linear`` (and GPT-2 ``Conv1
 i.e. all projections of the transformer blocks, except the output embedding (``lm_head``, also
 when tied to the input embedding). Embeddings, norms and biases keep their values, as in
 EGGROLL's LLM runs: they are vectors or lookup tables, where a low-rank perturbation means
-nothing, and they hold a few % of the parameters.
+nothing, and they hold a few % of the parameters. Nor is any other parameter: MoE experts that
+transformers stores as fused 3-D tensors (Mixtral, Qwen-MoE, DeepSeek, OLMoE in current versions)
+keep their values, so such a model is mostly not perturbed (the trainer prints the share and warns);
+experts that are separate ``nn.Linear`` modules see only the tokens routed to them, which breaks the
+member-major row layout, and ``check_rows`` refuses them.
 """
 
 from __future__ import annotations
@@ -89,6 +94,33 @@ def select_layers(model: torch.nn.Module, pattern: str | None = None, rank: int 
         raise ConfigError(f"{what} linear layer to perturb with low-rank noise "
                            f"(embeddings, lm_head and norms are never perturbed in this mode)")
     return layers
+
+
+#: Below this share of the model's parameters perturbed, the ES trainer warns (SmolLM2: 79 %).
+SMALL_SHARE = 0.5
+
+
+@torch.no_grad()
+def check_rows(model: torch.nn.Module, layers: Sequence[Layer]) -> None:
+    """Refuse layers that do not see every row of a forward pass (a routed MoE expert sees only its
+    tokens): the hook adds member n's noise to rows by their position, so such a layer would give
+    members each other's noise. One forward pass of 2 x 4 tokens, each layer's calls counted."""
+    rows, seen = 8, {layer.name: [] for layer in layers}
+    hooks = [layer.module.register_forward_hook(
+        lambda module, args, output, layer=layer: seen[layer.name].append(args[0].numel() // layer.d_in))
+        for layer in layers]
+    try:
+        device = next(model.parameters()).device
+        vocab = model.get_input_embeddings().num_embeddings
+        model(input_ids=torch.arange(1, rows + 1, device=device).remainder(vocab).view(2, rows // 2))
+    finally:
+        for h in hooks:
+            h.remove()
+    for name, calls in seen.items():
+        if calls != [rows] * max(1, len(calls)):
+            raise ConfigError(f"low-rank noise cannot perturb {name}: it saw {'+'.join(map(str, calls)) or 'none'} of "
+                              f"the {rows} token rows of a forward pass (a routed MoE expert?), and each member's "
+                              f"noise goes to its own rows; use --noise full, or leave it out with --param-filter")
 
 
 def factors(layer: Layer, index: int, seed: int, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
