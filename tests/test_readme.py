@@ -40,3 +40,14 @@ def test_without_shared_runs_in_a_copy_that_cannot_see_shared():
     assert Path(cwd) != ROOT and (shared_visible, has_tests) == ("False", "True")
     assert Path(package).is_relative_to(cwd)  # the copy's code is what runs, not the checkout's
     assert not Path(cwd).exists()  # and the copy is deleted afterwards
+
+
+def test_the_scoring_time_bound_is_stated_with_the_codes_constants():
+    """The README's time bound of a worker-mode call names the kill grace and the worker start
+    timeout the code uses."""
+    from llm_envs.scoring import GRACE, START_TIMEOUT
+
+    text = " ".join(README.split())
+    assert f"a grace of {GRACE:g} s (`GRACE`" in text
+    assert f"at most {START_TIMEOUT:.0f} s, `START_TIMEOUT`" in text
+    assert f"at most `score_timeout` + {GRACE:g} s per timed-out completion, plus a worker restart" in text
