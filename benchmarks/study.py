@@ -7,8 +7,10 @@ on one environment, over seeds and small hyperparameter grids, at an equal sampl
 
 The protocol, as in the paper:
 - Every method trains the same model on the same environment, training prompts, generation budget
-  (``--max-new-tokens``) and held-out split, and stops at the same number of generated training
-  responses (``--max-samples``; no run exceeds it).
+  (``--max-new-tokens``) and held-out split, and generates the whole steps that fit
+  ``--max-samples`` (no run exceeds it); methods whose actual budgets differ by more than one step
+  of the method with the smallest step are refused unless ``--unequal-budgets``, and the tables
+  report each method's actual training responses.
 - ES runs one fixed setting per sigma of a small grid (``--sigmas``), alpha = ``--alpha-ratio`` x
   sigma (the paper's Conciseness runs: sigma/2). The RL methods run the grid beta x learning rate
   (``--betas`` with a beta = 0 arm, ``--lrs``). Every grid point runs every seed and is recorded.
