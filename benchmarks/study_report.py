@@ -115,16 +115,16 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± sample std over seeds",
                ["Method", "Selected setting", "pass@1 (%)", "Reward", "Training responses", "Seeds", "Settings",
                 "pass@1 spread over settings"], text_columns=2)
-    t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}", "–", "–", "–",
-                    "–"])
+    t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}",
+                    *["–"] * 4])
     for method, m in methods.items():
         t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3),
                         responses(m["training_responses"]), str(m["seeds"]), str(len(m["pass@1_by_setting"])),
                         f"{m['pass@1_spread_over_settings']:.1f}"])
     run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
     t1.notes = [head + f"; {run_seconds / 60:.0f} min of training and evaluation in all.",
-                "± = sample std over seeds (ddof=1). Spread = max - min over the method's settings of their mean test pass@1: sensitivity to "
-                "hyperparameters (every setting's numbers are in table2.md and runs.md)."]
+                "± = sample std over seeds (ddof=1). Spread = max - min over the method's settings of their mean "
+                "test pass@1: sensitivity to hyperparameters (every setting's numbers are in table2.md and runs.md)."]
     (out / "table1.md").write_text(render([t1]))
 
     # Table 2 groups by the study's settings (sigma for ES: alpha follows from it)
@@ -202,14 +202,14 @@ def main(argv: list[str] | None = None) -> None:
     from trainers.config import ConfigError, fail
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.study_report",
-                                     description="Re-render a finished study's tables and figures from its results.json.")
+                                     description="Re-render a study's tables and figures from its results.json.")
     parser.add_argument("study_dir", help="the study's --out (it holds results.json)")
     args = parser.parse_args(argv)
     try:
         rerender(Path(args.study_dir))
     except (ConfigError, OSError, KeyError, TypeError) as exc:
         fail(f"{args.study_dir}: cannot re-render ({type(exc).__name__}: {exc})")
-    print(f"re-rendered {args.study_dir} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
+    print(f"re-rendered {args.study_dir}: table1.md, table2.md, runs.md, seed_variance.md, figures, results.json")
 
 
 if __name__ == "__main__":

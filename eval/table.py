@@ -255,8 +255,8 @@ def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> lis
                                    f"{km:.3f} ± {ks:.3f}{star}", DASH, "yes" if hack else DASH])
             table.notes.append("(paper): Qiu et al., Table 2 (Qwen2.5-7B-Instruct, 4 seeds).")
         table.notes.append(("Reward normalised to [0, 1] (0 = -2000 characters). " if normalised else "")
-                           + "± = sample std across seeds (ddof=1); KL = mean per-token k3 KL to the base model on sampled responses "
-                           "(both models at the sampling temperature). "
+                           + "± = sample std across seeds (ddof=1); KL = mean per-token k3 KL to the base model on "
+                           "sampled responses (both models at the sampling temperature). "
                            f"* = reward hacking: reward above the base model's while the correct rate falls below "
                            f"{HACK_CORRECT_RATIO:g}x the base model's (? = base model not measured).")
         tables.append(table)

@@ -338,7 +338,8 @@ def train(cfg: ESConfig) -> Path:
     mode += f", {dist.world} processes" if dist.world > 1 else ""
     share = params.numel() / sum(p.numel() for p in model.parameters())
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}), "
-        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, run dir {run.path}")
+        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, "
+        f"run dir {run.path}")
     if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
         say(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs nn.Linear / "
             f"Conv1D weights, and the rest (fused 3-D MoE experts, embeddings, ...) keeps its base values; "
