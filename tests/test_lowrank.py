@@ -270,7 +270,7 @@ def test_routed_expert_layers_are_refused(tiny_model):
 
 
 def tiny_mixtral_dir(tokenizer, path):
-    """A 2-layer Mixtral: in current transformers its experts are fused 3-D parameters, not nn.Linear."""
+    """A 2-layer Mixtral: in transformers >= 5 its experts are fused 3-D parameters, not nn.Linear."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     from trainers.models import save_model
@@ -288,9 +288,17 @@ def tiny_mixtral_dir(tokenizer, path):
 def test_the_perturbed_share_is_printed_and_a_small_one_warned(tiny_tokenizer, tiny_model_dir, tmp_path, capsys):
     from trainers import es
 
+    import transformers
+
     args = ["--env", "Conciseness-v0", "--noise", "lowrank", "--iterations", "0", "--max-new-tokens", "2",
             "--eval-limit", "1"]
-    es.main([*args, "--model", str(tiny_mixtral_dir(tiny_tokenizer, tmp_path / "mixtral")), "--out", str(tmp_path / "a")])
+    mixtral = ["--model", str(tiny_mixtral_dir(tiny_tokenizer, tmp_path / "mixtral")), "--out", str(tmp_path / "a")]
+    if int(transformers.__version__.split(".")[0]) < 5:  # experts are nn.Linear modules there: refused
+        with pytest.raises(SystemExit):
+            es.main([*args, *mixtral])
+        assert "low-rank noise cannot perturb model.layers.0.block_sparse_moe.experts." in capsys.readouterr().err
+        return
+    es.main([*args, *mixtral])
     out = capsys.readouterr().out
     # q, k, v, o of 2 layers: 2 x (32x32 + 16x32 + 16x32 + 32x32) = 6,144 of 68,512 parameters
     assert "parameters perturbed (9.0% of the model; low-rank" in out
