@@ -178,39 +178,3 @@ def _hp(hparams: dict[str, float]) -> dict[str, float]:
     """A setting's hyperparameters as Table 2 shows them: without the alpha that sigma implies."""
     return {k: v for k, v in hparams.items() if k != "alpha"}
 
-
-# ----- re-rendering a finished study ------------------------------------------------------------------------
-
-
-def rerender(out: Path) -> None:
-    """Write every table, figure and ``results.json`` of a finished study again from its saved
-    ``results.json``, with this code's report (no run is trained or measured; settings are selected
-    again by ``benchmarks.study.select``)."""
-    from benchmarks.study import StudyConfig, select
-
-    results = json.loads((out / "results.json").read_text())
-    cfg = StudyConfig(**results["config"])
-    cfg.validate()
-    records = results["runs"]
-    write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
-                 results["wall_seconds_last_invocation"])
-
-
-def main(argv: list[str] | None = None) -> None:
-    import argparse
-
-    from trainers.config import ConfigError, fail
-
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.study_report",
-                                     description="Re-render a study's tables and figures from its results.json.")
-    parser.add_argument("study_dir", help="the study's --out (it holds results.json)")
-    args = parser.parse_args(argv)
-    try:
-        rerender(Path(args.study_dir))
-    except (ConfigError, OSError, KeyError, TypeError) as exc:
-        fail(f"{args.study_dir}: cannot re-render ({type(exc).__name__}: {exc})")
-    print(f"re-rendered {args.study_dir}: table1.md, table2.md, runs.md, seed_variance.md, figures, results.json")
-
-
-if __name__ == "__main__":
-    main()

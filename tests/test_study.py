@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import study
+from benchmarks import study, study_rerender
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 LABELS = ("ES (full-rank)", "ES (low-rank)", "GRPO", "Dr.GRPO", "PPO")
@@ -77,6 +77,12 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     assert all(r["runtime"] == ["cpu float32"] and r["greedy"]["device"] == "cpu" for r in runs)
     # weights are deleted once measured; logs stay
     assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
+    # the report is re-rendered from results.json alone, to the same files
+    written = {name: (out / name).read_text() for name in ("table1.md", "table2.md", "runs.md", "seed_variance.md")}
+    for path in out.glob("runs/*/*/*/log.jsonl"):
+        path.unlink()
+    study_rerender.main([str(out)])
+    assert written == {name: (out / name).read_text() for name in written}
 
 
 def test_selection_never_reads_the_test_split():

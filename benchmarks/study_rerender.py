@@ -1,0 +1,41 @@
+"""Re-render a finished study: every table, figure and ``results.json`` of ``benchmarks.study``
+written again from the study's saved ``results.json``, with the current report code (no run is
+trained or measured; settings are selected again by ``benchmarks.study.select``).
+
+    python -m benchmarks.study_rerender docs/study-conciseness
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from benchmarks.study import StudyConfig, select
+from benchmarks.study_report import write_report
+from trainers.config import ConfigError, fail
+
+
+def rerender(out: Path) -> None:
+    """Write the report of the study in ``out`` again from ``out/results.json``."""
+    results = json.loads((out / "results.json").read_text())
+    cfg = StudyConfig(**results["config"])
+    cfg.validate()
+    records = results["runs"]
+    write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
+                 results["wall_seconds_last_invocation"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.study_rerender", description=__doc__.split("\n\n")[0])
+    parser.add_argument("study_dir", help="the study's --out (it holds results.json)")
+    args = parser.parse_args(argv)
+    try:
+        rerender(Path(args.study_dir))
+    except (ConfigError, OSError, KeyError, TypeError) as exc:
+        fail(f"{args.study_dir}: cannot re-render ({type(exc).__name__}: {exc})")
+    print(f"re-rendered {args.study_dir}: table1.md, table2.md, runs.md, seed_variance.md, figures, results.json")
+
+
+if __name__ == "__main__":
+    main()
