@@ -3,7 +3,7 @@
 ``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0.
 """
 
-from llm_envs.core import AnyText, TaskEnv, chat, render_prompt
+from llm_envs.core import AnyText, TaskEnv, chat, render_prompt, with_opening
 from llm_envs.data import DataError, FieldError, load_rows, require
 from llm_envs.registry import ENV_IDS, UnknownEnvError, make, register
 from llm_envs.scoring import BatchScorer
@@ -14,5 +14,5 @@ from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, sudok
 
 __all__ = [
     "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",
-    "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require",
+    "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require", "with_opening",
 ]

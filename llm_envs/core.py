@@ -20,11 +20,20 @@ A new environment implements three hooks:
 - ``score_completion(completion, example)``: the reward of one completion;
 
 and may implement ``prepare_scoring()`` (slow imports a worker does before its first item).
+
+**Assistant-turn openings.** A prompt may end with an assistant message, the opening of the
+assistant's turn (the paper's Countdown and Sudoku prompts begin it with "Let me solve this step
+by step.\n<think>"): generation continues it, and scoring sees the whole assistant turn, the
+opening followed by the completion (``scoring.checked_score`` joins them, the one place every
+scoring path goes through). An env declares one for all its examples with the class attribute
+``opening``, an example its own with ``chat(..., opening=...)``; ``opening=False`` at construction
+removes every opening, a string replaces them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from os import PathLike
 from typing import Any, ClassVar
 
@@ -47,10 +56,19 @@ class AnyText(spaces.Text):
         return f"AnyText({self.max_length})"
 
 
-def chat(user: str, system: str | None = None) -> list[Message]:
-    """Chat messages for a prompt: an optional system message, then the user's."""
+def chat(user: str, system: str | None = None, opening: str = "") -> list[Message]:
+    """Chat messages for a prompt: an optional system message, the user's, and an optional
+    ``opening`` of the assistant's turn (a final assistant message that generation continues)."""
     messages = [{"role": "system", "content": system}] if system else []
-    return messages + [{"role": "user", "content": user}]
+    return with_opening(messages + [{"role": "user", "content": user}], opening)
+
+
+def with_opening(messages: Sequence[Message], opening: str) -> list[Message]:
+    """``messages`` without a final assistant message, then ``opening`` as one (none when empty)."""
+    messages = list(messages)
+    if messages and messages[-1].get("role") == "assistant":
+        messages.pop()
+    return messages + ([{"role": "assistant", "content": opening}] if opening else [])
 
 
 class TaskEnv(gym.Env[str, str]):
@@ -66,6 +84,9 @@ class TaskEnv(gym.Env[str, str]):
     Args:
         data: ``{split: path}`` of JSON/JSONL files that replace built-in splits.
         seed: seed of everything the environment generates (puzzles, split assignment).
+        opening: ``True``: the openings the env declares (``opening``, or an example's own);
+            ``False``: none (the assistant's turn starts empty); a string: that opening for every
+            example.
     """
 
     metadata: ClassVar[dict[str, Any]] = {"render_modes": []}
@@ -83,14 +104,20 @@ class TaskEnv(gym.Env[str, str]):
     score_timeout: float = 10.0
     #: Longest prompt or completion the spaces admit.
     max_text_length: ClassVar[int] = 200_000
+    #: How the assistant's turn begins in every example that does not bring its own opening
+    #: (generation continues it; the scorer sees it followed by the completion). "" = none.
+    opening: ClassVar[str] = ""
 
-    def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0):
+    def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, opening: bool | str = True):
         if data is not None and not isinstance(data, Mapping):
             raise TypeError(
                 f"data must map split names to file paths, e.g. {{'train': 'a.jsonl'}}; got {data!r}"
             )
+        if not isinstance(opening, (bool, str)):
+            raise TypeError(f"opening must be True (the env's), False (none) or a string; got {opening!r}")
         self.data = {str(k): v for k, v in (data or {}).items()}
         self.seed = int(seed)
+        self.opening_option = opening
         self.observation_space = AnyText(self.max_text_length, min_length=0)
         self.action_space = AnyText(self.max_text_length, min_length=0)
         self._splits: dict[str, list[Example]] = {}
@@ -107,7 +134,8 @@ class TaskEnv(gym.Env[str, str]):
         raise NotImplementedError
 
     def score_completion(self, completion: str, example: Example) -> Score:
-        """Score one completion (the model's text only, never the prompt)."""
+        """Score one completion: the whole assistant turn, i.e. ``example.opening`` followed by the
+        model's text (never the user's prompt)."""
         raise NotImplementedError
 
     def prepare_scoring(self) -> None:
@@ -119,12 +147,13 @@ class TaskEnv(gym.Env[str, str]):
         """All examples of ``split``, in a fixed order (built once, then cached)."""
         if split not in self._splits:
             if split in self.data:
-                self._splits[split] = self._load_file(self.data[split])
+                examples = self._load_file(self.data[split])
             elif split in self.split_names:
-                self._splits[split] = self.build_split(split)
+                examples = self.build_split(split)
             else:
                 known = sorted(set(self.split_names) | set(self.data))
                 raise KeyError(f"unknown split {split!r} for {type(self).__name__}; known: {known}")
+            self._splits[split] = [self._open(e) for e in examples]
         return self._splits[split]
 
     def score(self, completion: str, example: Example) -> Score:
@@ -171,7 +200,8 @@ class TaskEnv(gym.Env[str, str]):
         return render_prompt(self._current.prompt), info
 
     def step(self, action: str):
-        """Score the completion ``action``; the episode ends at once."""
+        """Score the completion ``action`` (the text that continues the observation, whose end is
+        the example's opening when it has one); the episode ends at once."""
         if self._current is None:
             raise RuntimeError("call reset() before step()")
         score = self.score(action, self._current)
@@ -186,6 +216,13 @@ class TaskEnv(gym.Env[str, str]):
             scorer.close()
 
     # ----- internals --------------------------------------------------------------------------
+    def _open(self, example: Example) -> Example:
+        """``example`` with the opening this env gives it (``opening_option``, see the class)."""
+        option = self.opening_option
+        wanted = option if isinstance(option, str) else (example.opening or self.opening) if option else ""
+        prompt = with_opening(example.prompt, wanted)
+        return example if prompt == example.prompt else replace(example, prompt=prompt)
+
     def _scorer(self, workers: int | None) -> BatchScorer:
         workers = resolve_workers(self, workers)
         if workers not in self._scorers:

@@ -50,11 +50,14 @@ class Scorable(Protocol):
 
 
 def checked_score(env: Scorable, completion: str, example: Example) -> Score:
-    """``env.score_completion`` with its failures as scores (reward 0, ``error`` set); no time bound."""
+    """``env.score_completion`` of the whole assistant turn, ``example.opening + completion``, with
+    its failures as scores (reward 0, ``error`` set); no time bound. Every scoring path (``step``,
+    ``score``, ``score_batch``, a ``BatchScorer``, its workers) comes here, so this is the one
+    place where the opening is put in front of the completion."""
     if not isinstance(completion, str):
         return Score(0.0, False, error=f"completion must be str, got {type(completion).__name__}")
     try:
-        score = env.score_completion(completion, example)
+        score = env.score_completion(example.opening + completion, example)
     except Exception as exc:  # a scorer bug must not kill a training run
         return Score(0.0, False, error=f"{type(exc).__name__}: {exc}")
     if not math.isfinite(score.reward):

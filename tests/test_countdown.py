@@ -33,6 +33,12 @@ def ex(env):
     return env.make_example("ex", [44, 19, 35], 98)
 
 
+@pytest.fixture(scope="module")
+def plain():
+    """The paper's example without the opening: the whole assistant turn is the completion."""
+    return CountdownEnv(opening=False).make_example("ex", [44, 19, 35], 98)
+
+
 def wrap(answer: str) -> str:
     return f"<think>let me see</think>\n<answer>{answer}</answer>"
 
@@ -111,11 +117,16 @@ def test_config_errors():
 
 
 # ----- prompt --------------------------------------------------------------------------------
-def test_prompt_is_tinyzero_style(ex):
+def test_prompt_is_tinyzero_style(ex, plain):
+    opening = {"role": "assistant", "content": "Let me solve this step by step.\n<think>"}
     assert ex.prompt == [{"role": "system", "content": cd.PAPER_SYSTEM_PROMPT},
-                         {"role": "user", "content": PAPER_PROMPT}]
-    plain = CountdownEnv(system_prompt=None).make_example("x", [44, 19, 35], 98)
-    assert plain.prompt == [{"role": "user", "content": PAPER_PROMPT}]
+                         {"role": "user", "content": PAPER_PROMPT}, opening]
+    assert ex.opening == cd.OPENING == opening["content"]
+    no_system = CountdownEnv(system_prompt=None).make_example("x", [44, 19, 35], 98)
+    assert no_system.prompt == [{"role": "user", "content": PAPER_PROMPT}, opening]
+    assert plain.prompt == ex.prompt[:2] and plain.opening == ""
+    assert CountdownEnv().examples("test")[0].opening == cd.OPENING  # every split's examples have it
+    assert CountdownEnv(opening=False).examples("test")[0].prompt[-1]["role"] == "user"
 
 
 # ----- reward --------------------------------------------------------------------------------
@@ -134,11 +145,29 @@ def test_prompt_is_tinyzero_style(ex):
     ("44 + 19 + 35", 0.0),
     ("", 0.0),
 ])
-def test_format_values(env, ex, completion, fmt):
-    s = env.score(completion, ex)
+def test_format_values(env, plain, completion, fmt):
+    s = env.score(completion, plain)
     answer = 1.0 if "<answer>44 + 19 + 35</answer>" in completion else 0.0
     assert s.parts == {"format": pytest.approx(fmt), "answer": answer}
     assert s.reward == pytest.approx(0.1 * fmt + answer) and s.correct == (answer == 1.0)
+
+
+@pytest.mark.parametrize("completion, fmt", [
+    ("a</think>\n<answer>44 + 19 + 35</answer>", 1.0),  # closes the opening's <think>, then answers
+    (" 44 + 19 = 63, + 35 = 98\n</think>\n<answer>44 + 19 + 35</answer>\n", 1.0),
+    ("<think>a</think>\n<answer>44 + 19 + 35</answer>", 1.0),  # a second <think>, as "<think>" + it reads
+    ("a</think> <answer>44 + 19 + 35</answer>", 0.6),
+    ("a</think>\n<answer>44 + 19 + 35</answer> done", 0.6),
+    ("a <answer>44 + 19 + 35</answer>", 0.5),  # the think block is never closed
+    ("a</think>\n44 + 19 + 35", 0.1),
+    ("", 0.0),
+])
+def test_format_with_the_opening(env, ex, plain, completion, fmt):
+    """The opening's "<think>" is part of the scored turn: a completion earns the format reward it
+    would earn with that opening tag written out in full (the paper's code scores "<think>" + it)."""
+    s = env.score(completion, ex)
+    assert s.parts["format"] == pytest.approx(fmt) == env.score("<think>" + completion, plain).parts["format"]
+    assert s.parts["format"] == pytest.approx(_paper_format("<think>" + completion))
 
 
 def _paper_format(text: str) -> float:
@@ -201,8 +230,8 @@ def test_only_the_last_answer_counts(env, ex):
 
 
 def test_scored_on_the_completion_only(env, ex):
-    # The prompt holds "<think> </think>" and an <answer> example; only the completion counts.
-    assert "<answer> (1 + 2) / 3 </answer>" in ex.prompt[-1]["content"]
+    # The user's prompt holds "<think> </think>" and an <answer> example; only the assistant's turn counts.
+    assert "<answer> (1 + 2) / 3 </answer>" in ex.prompt[-2]["content"]
     s = env.score("44 + 19 + 35", ex)
     assert (s.reward, s.parts) == (0.0, {"format": 0.0, "answer": 0.0})
     env.reset(options={"split": "test", "index": 0})
@@ -285,7 +314,7 @@ def test_check_env_and_registration():
     assert isinstance(env, CountdownEnv) and env.max_new_tokens == 512
     check_env(env)
     obs, info = env.reset(options={"split": "train", "index": 0})
-    assert obs.endswith(PAPER_PROMPT[-60:]) and info["example_id"] == "countdown-train-0"
+    assert obs.endswith(PAPER_PROMPT[-60:] + "\n\n" + cd.OPENING) and info["example_id"] == "countdown-train-0"
 
 
 def test_score_batch_matches_score(env):
@@ -318,8 +347,8 @@ def test_load_paper_json_and_jsonl(tmp_path):
     env = CountdownEnv(data={"test": paper, "dev": lines})
     a, b = env.examples("test")
     assert (a.id, a.answer, a.meta["solution"]) == ("7", {"numbers": [44, 19, 35], "target": 98}, "44+19+35")
-    assert a.prompt[-1]["content"] == PAPER_PROMPT
-    assert b.answer["target"] == -3.5 and "equals -3.5." in b.prompt[-1]["content"]
+    assert a.prompt[-2]["content"] == PAPER_PROMPT and a.opening == cd.OPENING
+    assert b.answer["target"] == -3.5 and "equals -3.5." in b.prompt[-2]["content"]
     assert env.score(wrap("7 / 2 - 7"), b).correct
     c, d = env.examples("dev")
     assert (c.id, c.answer, d.answer["target"]) == ("0", {"numbers": [2, 3, 4], "target": 24}, 24)

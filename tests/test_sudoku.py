@@ -11,7 +11,7 @@ from gymnasium.utils.env_checker import check_env
 
 import llm_envs.envs.sudoku  # noqa: F401  (registers Sudoku-v0)
 from llm_envs.data import DataError
-from llm_envs.envs.sudoku import SudokuEnv, format_grid, parse_answer
+from llm_envs.envs.sudoku import OPENING, SudokuEnv, format_grid, parse_answer
 from llm_envs.parsing import last_tag
 from reasoning_gym.utils import extract_answer
 
@@ -85,7 +85,9 @@ def test_splits_unique_disjoint_and_seeded(env):
 
 def test_prompt_is_the_papers(env):
     ex = env.examples("test")[0]
-    system, user = ex.prompt
+    system, user, opening = ex.prompt
+    assert opening == {"role": "assistant", "content": "Let me solve this step by step.\n<think>"}
+    assert ex.opening == OPENING and SudokuEnv(opening=False).examples("test")[0].prompt == [system, user]
     assert system["role"] == "system" and system["content"].startswith("You are a helpful assistant.")
     assert user["content"].startswith("In 4x4 Mini Sudoku:\n- Each row must contain")
     grid = format_grid(ex.meta["puzzle"])

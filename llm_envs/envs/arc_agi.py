@@ -175,6 +175,7 @@ class ArcAgiEnv(TaskEnv):
         timeout: wall-clock seconds the sandbox gets per completion (all test inputs together).
         memory_mb: the sandbox's address-space limit.
         train_size, test_size: built-in split sizes (of the 400 training / 400 evaluation tasks).
+        opening: a string opens the assistant's turn of every example with it (none by default).
     """
 
     max_new_tokens = 1024
@@ -188,8 +189,9 @@ class ArcAgiEnv(TaskEnv):
         memory_mb: int = 512,
         train_size: int = 200,
         test_size: int = 200,
+        opening: bool | str = True,
     ):
-        super().__init__(data=data, seed=seed)
+        super().__init__(data=data, seed=seed, opening=opening)
         if mode not in _MODES:
             raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
         if not (timeout > 0 and memory_mb >= 64):

@@ -73,13 +73,15 @@ class ConcisenessEnv(TaskEnv):
         data: ``{split: path}`` of files replacing built-in splits.
         seed: unused (the prompts are fixed); kept for a uniform signature.
         strip: count the response without surrounding whitespace (default) or raw.
+        opening: a string opens the assistant's turn of every example with it (none by default).
     """
 
     max_new_tokens = 128
     score_workers = 0  # cheap pure-Python scoring, no long C calls: timed in-process, workers only add overhead
 
-    def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, strip: bool = True):
-        super().__init__(data=data, seed=seed)
+    def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, strip: bool = True,
+                 opening: bool | str = True):
+        super().__init__(data=data, seed=seed, opening=opening)
         self.strip = bool(strip)
 
     def build_split(self, split: str) -> list[Example]:

@@ -5,7 +5,8 @@ must reason in ``<think>...</think>`` and answer in ``<answer>...</answer>``.
 
 Reward, as in the paper (TinyZero's rule): ``reward = 0.1 * format + answer``, so 1.1 is perfect.
 
-- ``format`` is 1.0 when the whole completion (surrounding whitespace stripped) matches
+- ``format`` is 1.0 when the assistant's turn (surrounding whitespace stripped; from the
+  opening's ``<think>`` on, see below) matches
   ``^<think>.*?</think>\\n<answer>.*?</answer>$`` (DOTALL); otherwise 0.1 if it holds a
   ``<think>...</think>`` block plus 0.5 if it holds an ``<answer>...</answer>`` block
   (so 0, 0.1, 0.5, 0.6 or 1.0).
@@ -13,7 +14,7 @@ Reward, as in the paper (TinyZero's rule): ``reward = 0.1 * format + answer``, s
   integer literals, ``+ - * /`` and parentheses that uses exactly the given numbers, each once
   (multiset equality), and equals the target within 1e-5; else 0. ``correct`` is ``answer == 1``.
 
-Only the completion is scored (tags in the prompt never count). The answer is parsed with
+Only the assistant's turn is scored (tags in the user's prompt never count). The answer is parsed with
 ``ast`` and evaluated by walking the tree with exact ``Fraction`` arithmetic; model text is never
 run. Accepted beyond the paper's rule: ``×``/``÷``/``−`` are read as ``*``/``/``/``-``, and a trailing
 ``= <target>`` is dropped (a trailing ``=`` followed by any other number makes the answer wrong).
@@ -21,8 +22,14 @@ Rejected: unary minus/plus (it would let a number be used in a way + - * / betwe
 numbers does not allow), ``**``, ``//``, ``%``, decimal or exponent literals, names, calls, and
 answers longer than 200 characters.
 
-The paper's system prompt ("You are a helpful assistant. You first think about ...") is sent as
-a system message by default; ``system_prompt=None`` drops it, a string replaces it.
+The prompt is the paper's (its Countdown data file's ``context``, TinyZero's template): the
+system prompt ("You are a helpful assistant. You first think about ...") as a system message
+(``system_prompt=None`` drops it, a string replaces it), the task as the user's, and the
+assistant's turn opened with "Let me solve this step by step.\\n<think>" (``OPENING``), which the
+model continues (``opening=False`` turns it off). The scorer sees the whole assistant turn, opening
+included, and checks the format from the opening's ``<think>`` on, as the paper's code checks
+``"<think>" + completion``: a completion that closes ``</think>`` and then answers earns the full
+format score. Without an opening the whole turn must match the format.
 
 Built-in data: an offline generator (default 200 train / 2000 test, disjoint, deterministic in
 ``seed``): 3-4 numbers drawn from 1-99, then a target drawn uniformly from the integers in 10-100
@@ -69,6 +76,9 @@ PROMPT = (
     "<answer> (1 + 2) / 3 </answer>."
 )
 
+#: How the paper's prompt opens the assistant's turn (every ``context`` of its data file ends so).
+OPENING = "Let me solve this step by step.\n<think>"
+
 MAX_ANSWER_CHARS = 200
 MAX_LITERAL = 10**6
 TOLERANCE = Fraction(1, 10**5)
@@ -78,14 +88,18 @@ TOLERANCE = Fraction(1, 10**5)
 _MIDDLE = "</think>\n<answer>"
 
 
-def format_reward(completion: str) -> float:
+def format_reward(completion: str, lead: str = "") -> float:
     """The paper's format score of a completion: 1.0, or 0.1 (think block) + 0.5 (answer block).
 
     Same result as the regexes ``^<think>.*?</think>\\n<answer>.*?</answer>$``,
     ``<think>.*?</think>`` and ``<answer>.*?</answer>`` (DOTALL) on the stripped text, but done
     with ``str.find`` so that adversarial text (thousands of unclosed tags) stays linear-time.
+    A text that starts with ``lead`` (an opening's words before its ``<think>``) is checked from
+    after it.
     """
     text = completion.strip()
+    if lead.strip() and text.startswith(lead.strip()):
+        text = text[len(lead.strip()):].lstrip()
     if text.startswith("<think>") and text.endswith("</answer>"):
         middle = text.find(_MIDDLE, len("<think>"))
         if middle >= 0 and middle + len(_MIDDLE) <= len(text) - len("</answer>"):
@@ -335,10 +349,13 @@ class CountdownEnv(TaskEnv):
         min_number, max_number: range of each number.
         min_target, max_target: range of the (integer) target.
         system_prompt: system message; the paper's by default, ``None`` for none.
+        opening: ``True``: the paper's opening of the assistant's turn (``OPENING``); ``False``:
+            none; a string: that opening instead.
     """
 
     max_new_tokens = 512
     score_workers = 0  # cheap pure-Python scoring, no long C calls: timed in-process, workers only add overhead
+    opening = OPENING
 
     def __init__(
         self,
@@ -353,8 +370,9 @@ class CountdownEnv(TaskEnv):
         min_target: int = 10,
         max_target: int = 100,
         system_prompt: str | None = PAPER_SYSTEM_PROMPT,
+        opening: bool | str = True,
     ):
-        super().__init__(data=data, seed=seed)
+        super().__init__(data=data, seed=seed, opening=opening)
         if not 2 <= min_numbers <= max_numbers <= 5:  # 5 numbers: ~10 ms a puzzle; 6: ~30x that
             raise ValueError(f"need 2 <= min_numbers <= max_numbers <= 5, got {min_numbers}, {max_numbers}")
         if not 0 <= min_number <= max_number <= MAX_LITERAL:
@@ -372,13 +390,14 @@ class CountdownEnv(TaskEnv):
     # ----- prompts and examples -----
     def make_example(self, example_id: str, numbers: Sequence[int], target: int | float,
                      solution: str | None = None) -> Example:
-        """An example for ``numbers`` and ``target`` with the TinyZero prompt."""
+        """An example for ``numbers`` and ``target`` with the TinyZero prompt (and this env's opening)."""
         numbers = [int(x) for x in numbers]
         user = PROMPT.format(numbers=" ".join(map(str, numbers)), target=target)
         meta: dict[str, Any] = {"numbers": list(numbers), "target": target}
         if solution is not None:
             meta["solution"] = solution
-        return Example(example_id, chat(user, self.system_prompt), {"numbers": numbers, "target": target}, meta)
+        example = Example(example_id, chat(user, self.system_prompt), {"numbers": numbers, "target": target}, meta)
+        return self._open(example)
 
     def build_split(self, split: str) -> list[Example]:
         if split not in self.sizes:
@@ -433,7 +452,8 @@ class CountdownEnv(TaskEnv):
 
     # ----- reward -----
     def score_completion(self, completion: str, example: Example) -> Score:
-        fmt = format_reward(completion)
+        opening = example.opening  # the format is checked from its <think> on (all of it without one)
+        fmt = format_reward(completion, opening[:opening.rfind("<think>")] if "<think>" in opening else opening)
         answer_text = extract_answer(completion)
         correct, error = False, None
         if answer_text is not None:

@@ -227,6 +227,7 @@ class MathEnv(TaskEnv):
         train_levels: MATH difficulty levels kept in the ``train`` split read from ``data_dir`` or
             the hub (rows without a level are kept; a ``data=`` file is taken whole); ``None``
             keeps all. The paper trains on levels 3-5.
+        opening: a string opens the assistant's turn of every example with it (none by default).
     """
 
     split_names = ("train", "test", *BENCHMARKS)
@@ -242,8 +243,9 @@ class MathEnv(TaskEnv):
         data_dir: str | PathLike | None = None,
         hub: bool = True,
         train_levels: Sequence[int] | None = (3, 4, 5),
+        opening: bool | str = True,
     ):
-        super().__init__(data=data, seed=seed)
+        super().__init__(data=data, seed=seed, opening=opening)
         self.data_dir = None if data_dir is None else Path(data_dir)
         self.hub = bool(hub)
         self.train_levels = None if train_levels is None else frozenset(int(x) for x in train_levels)

@@ -3,7 +3,9 @@
 Puzzles come from reasoning-gym's ``mini_sudoku`` generator, as in the paper: 1000 unique puzzles,
 800 train / 200 test, each with exactly one solution (the generator keeps a clue rather than allow
 a second). The model shows its work in ``<think>`` and gives the filled grid in the LAST
-``<answer>`` block, one row per line, numbers separated by spaces.
+``<answer>`` block, one row per line, numbers separated by spaces. As in the paper, the
+assistant's turn opens with "Let me solve this step by step.\\n<think>", which the model
+continues (``opening=False`` turns it off); the scorer sees the whole turn.
 
 Reward, chosen with ``reward=``:
 
@@ -64,9 +66,9 @@ Grid = list[list[int]]  # 4 rows of 4 cells; 0 = blank
 REWARDS = ("partial", "binary")
 
 # The paper's prompt (appendix, Figure 11). Its opening sentence is a standing instruction, not
-# part of the task, so it goes in the system message. The paper also pre-filled the assistant
-# turn with "Let me solve this step by step.\n<think>"; we score the completion alone and do not
-# rely on that prefix (no <think> block is required).
+# part of the task, so it goes in the system message. The paper pre-fills the assistant's turn
+# with "Let me solve this step by step.\n<think>" (OPENING, written as its Countdown data writes
+# it); the model continues it, and the reward reads only the last <answer> block of the turn.
 SYSTEM_PROMPT = (
     "You are a helpful assistant. You first think about the reasoning process in your mind "
     "and then provide the user with the answer."
@@ -85,6 +87,9 @@ INSTRUCTIONS = (
     "tags, with spaces separating each number within a row, and newlines separating rows. "
     "For example <answer>\n2 1 4 3\n4 3 2 1\n3 1 4 2\n1 2 3 4\n</answer>."
 )
+
+#: How the paper's prompt opens the assistant's turn (``opening=False`` turns it off).
+OPENING = "Let me solve this step by step.\n<think>"
 
 _BLANKS = "_.0"
 _SEPARATORS = re.compile(r"[\s,|\[\]]+")  # removed inside a row (answers and data files)
@@ -191,10 +196,13 @@ class SudokuEnv(TaskEnv):
             defaults; it keeps a clue rather than allow a second solution).
         reward: ``"partial"`` (reasoning-gym's partial credit, the paper's training reward) or
             ``"binary"`` (1.0 when correct, else 0.0).
+        opening: ``True``: the paper's opening of the assistant's turn (``OPENING``); ``False``:
+            none; a string: that opening instead.
     """
 
     max_new_tokens = 512
     score_workers = 0  # pure-Python scoring that cannot hang: workers only add overhead
+    opening = OPENING
 
     def __init__(
         self,
@@ -205,8 +213,9 @@ class SudokuEnv(TaskEnv):
         min_empty: int = 8,
         max_empty: int = 12,
         reward: str = "partial",
+        opening: bool | str = True,
     ):
-        super().__init__(data=data, seed=seed)
+        super().__init__(data=data, seed=seed, opening=opening)
         if train_size < 0 or test_size < 0:
             raise ValueError(f"split sizes must be >= 0; got {train_size}, {test_size}")
         if reward not in REWARDS:
