@@ -1,40 +1,56 @@
 """ES iteration speed and memory, measured side by side in one run on the same model, population,
-prompts and generated lengths:
+prompts and generated lengths, for each generation engine (``--engine hf vllm``):
 
-    (a) full    the paper's iteration: members one after another (perturb in place, generate the
-                prompts, restore), then the update
-    (b) lowrank the batched low-rank iteration (--noise lowrank): every (member, prompt) pair one
-                row of one generate call, then the update
-    (c) ceiling one plain batched generate over the same N x P rows with the unperturbed model
+    (a) full     the paper's iteration: members one after another (perturb, generate the prompts,
+                 restore), then the update
+    (b) lowrank  the batched low-rank iteration (--noise lowrank): every (member, prompt) pair one
+                 row of one engine call, then the update
+    (c) ceiling  one plain batched generate over the same N x P rows with the unperturbed model
+    (d) member   one full-rank member over --member-prompts prompts (the paper's shape: one member,
+                 a large prompt batch), perturbation and restore included
+    (b') lora    vLLM only: the low-rank iteration through vLLM's multi-LoRA, each member a rank-R
+                 adapter whose product is sigma * E_n (the public route; --lora)
 
-    python -m benchmarks.es_speed [--population 8 32] [--max-new-tokens 48] [--rank 1] [--dtype bf16]
+    python -m benchmarks.es_speed [--engine hf vllm] [--population 8 32] [--prompts 8]
+    python -m benchmarks.es_speed --random-init qwen2.5-1.5b --dtype bf16   # a paper model's shapes
 
 Every row generates exactly --max-new-tokens tokens (stop tokens are suppressed until then), so
-the ratios measure the engine, not the completions. Each case runs in a fresh process (peak
+the ratios measure the engines, not the completions. Each case runs in a fresh process (peak
 memory does not mix) after a short warm-up. Printed per case: member evaluations/s, generated
-tokens/s, seconds per iteration, peak memory above the loaded weights (as a fraction of their
-bytes); then the ratios b/a and b/c. A last section compares one exact perturb/restore cycle
-with a naive full-copy restore (memory).
+tokens/s, seconds, peak memory above the loaded weights (as a fraction of their bytes) and, for
+vLLM, the memory its engine took at start; then the ratios vLLM/HF per case and b/a, b/c per
+engine. ``--random-init NAME`` times the architecture of a paper model (``configs/arch/NAME.json``)
+with random weights: timings do not depend on the weights, and no model hub is needed (prompts are
+tokenized with the default model's tokenizer). A last section compares one exact perturb/restore
+cycle with a naive full-copy restore (memory).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import json
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 
 import llm_envs
-import trainers.rollout
-from trainers import es, noise
-from trainers.config import build_config
-from trainers.generation import generate
-from trainers.models import load_model
+from trainers import es, lowrank, noise
+from trainers.config import Parser, build_config
+from trainers.engines import ENGINES, EngineOptions, make_engine
+from trainers.engines.base import FullRankMember
+from trainers.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+
+ARCH_DIR = Path(__file__).resolve().parent / "configs" / "arch"
+CASES = {"full": "(a) full-rank, sequential", "lowrank": "(b) low-rank, batched", "lora": "(b') low-rank, vLLM multi-LoRA",
+         "ceiling": "(c) plain batched generate", "member": "(d) one full-rank member"}
 
 
 class PeakRSS:
@@ -78,6 +94,17 @@ class PeakCUDA:
         self.growth = torch.cuda.max_memory_allocated() - self.start
 
 
+def memory_in_use(cuda: bool) -> int:
+    """Bytes in use now: this process's resident memory, or the device's used memory (which
+    counts what vLLM allocates outside torch's allocator too)."""
+    if cuda:
+        free, total = torch.cuda.mem_get_info()
+        return total - free
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
 @torch.no_grad()
 def naive_cycle(params: noise.Params, seed: int, sigma: float) -> None:
     """The memory-hungry alternative: save every tensor, perturb, restore from the copy."""
@@ -88,10 +115,32 @@ def naive_cycle(params: noise.Params, seed: int, sigma: float) -> None:
         p.copy_(s)
 
 
+def load(args):
+    """(model, tokenizer): ``--model``, or ``--random-init NAME``'s architecture with random weights."""
+    if not args.random_init:
+        return load_model(args.model, device=args.device, dtype=args.dtype, verbose=False)
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    spec = json.loads((ARCH_DIR / f"{args.random_init}.json").read_text())
+    config = AutoConfig.for_model(spec.pop("model_type"), **spec)
+    device = resolve_device(args.device)
+    _, tokenizer = load_model(DEFAULT_MODEL, device="cpu", verbose=False)  # its ids fit every paper model's vocabulary
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(args.dtype, device))
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model.eval(), tokenizer
+
+
+def prompts_of(env, count: int) -> list:
+    """``count`` prompts of the env, train first, repeating when it has fewer."""
+    pool = list(env.examples("train")) + list(env.examples("test"))
+    return [pool[i % len(pool)] for i in range(count)]
+
+
 def measure(case: str, args) -> dict:
-    """One case in this (fresh) process."""
+    """One case on one engine in this (fresh) process."""
     es.release_freed_buffers()  # as the trainer does
-    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype, verbose=False)
+    model, tokenizer = load(args)
     cuda = next(model.parameters()).device.type == "cuda"
     with torch.no_grad():  # weights load memory-mapped: make them resident before the baseline
         for p in model.parameters():
@@ -112,24 +161,35 @@ def measure(case: str, args) -> dict:
 
     env = llm_envs.make(args.env)
     scorer = llm_envs.BatchScorer(env, 0)
-    batch = list(env.examples("train"))[:args.prompts]
+    batch = prompts_of(env, args.prompts)
     cfg = build_config(es.ESConfig, {"env": args.env, "population": args.population, "sigma": 5e-4, "alpha": 1e-3,
-                                     "max_new_tokens": args.max_new_tokens, "score_workers": 0,
-                                     "noise": "lowrank" if case == "lowrank" else "full", "rank": args.rank})
-    # equal lengths: every row generates exactly max_new_tokens tokens
-    trainers.rollout.generate = functools.partial(generate, min_new_tokens=args.max_new_tokens)
+                                     "max_new_tokens": args.max_new_tokens, "score_workers": 0, "engine": args.engine,
+                                     "noise": "lowrank" if case in ("lowrank", "lora") else "full", "rank": args.rank})
     params, layers = es.perturbable(model, cfg)
+    before = memory_in_use(cuda)
+    engine = make_engine(cfg, model, tokenizer) if case != "lora" else lora_engine(model, tokenizer, args)
+    out["engine_bytes"] = memory_in_use(cuda) - before
+    # equal lengths: every row generates exactly max_new_tokens tokens
+    engine.generate = functools.partial(engine.generate, min_new_tokens=args.max_new_tokens)
     rows = [e.prompt for _ in range(args.population) for e in batch]
-    generate(model, tokenizer, rows[:2], max_new_tokens=4)  # warm-up
+    engine.generate(rows[:2], max_new_tokens=4)  # warm-up
+    member_rows = [e.prompt for e in prompts_of(env, args.member_prompts)]
 
     def iteration(it: int) -> int:
         if case == "ceiling":
-            return generate(model, tokenizer, rows, max_new_tokens=args.max_new_tokens, batch_size=len(rows),
-                            sort=False, min_new_tokens=args.max_new_tokens).total_tokens
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, it, model, tokenizer, scorer, params, layers, batch)
+            return engine.generate(rows, args.max_new_tokens, batch_size=len(rows), sort=False).total_tokens
+        if case == "member":
+            member = FullRankMember(params, noise.member_seed(0, it, 0), cfg.sigma)
+            return engine.generate(member_rows, args.max_new_tokens, batch_size=len(member_rows),
+                                   perturbation=member).total_tokens
+        if case == "lora":
+            seeds, signs, rewards, tokens = lora_population(engine, cfg, layers, batch, scorer, it, args)
+        else:
+            seeds, signs, rewards, _, tokens = es.es_iteration(cfg, it, engine, scorer, params, layers, batch)
         z = es.normalise(rewards)
         if z is not None:
             es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
+            engine.sync_weights()
         return int(tokens.sum())
 
     tokens = 0
@@ -140,7 +200,62 @@ def measure(case: str, args) -> dict:
         if cuda:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - start
-    return {**out, "growth": peak.growth, "seconds": seconds / args.iterations, "tokens": tokens / args.iterations}
+    engine.close()
+    members = 1 if case == "member" else args.population
+    return {**out, "growth": peak.growth, "seconds": seconds / args.iterations, "tokens": tokens / args.iterations,
+            "members": members}
+
+
+# ----- the multi-LoRA route (measured, not shipped: see the README) -----------------------------
+
+
+def lora_engine(model, tokenizer, args):
+    """A vLLM engine with multi-LoRA on: one adapter slot per member."""
+    from trainers.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, EngineOptions(engine="vllm"), enable_lora=True, max_loras=args.population,
+                      max_lora_rank=max(8, args.rank))
+
+
+def write_adapter(path: Path, layers, seed: int, sign: float, sigma: float, rank: int) -> None:
+    """Member ``seed`` as a PEFT LoRA adapter: lora_B @ lora_A = sign * sigma * A B^T / sqrt(R)."""
+    from safetensors.torch import save_file
+
+    tensors, targets = {}, set()
+    for i, layer in enumerate(layers):
+        a, b = lowrank.factors(layer, i, seed, rank)
+        module = layer.name.removesuffix(".weight")
+        tensors[f"base_model.model.{module}.lora_A.weight"] = b.T.contiguous()
+        tensors[f"base_model.model.{module}.lora_B.weight"] = (sign * sigma / rank ** 0.5 * a).contiguous()
+        targets.add(module.rsplit(".", 1)[1])
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "bias": "none",
+        "target_modules": sorted(targets), "base_model_name_or_path": "base"}))
+
+
+def lora_population(engine, cfg, layers, batch, scorer, iteration: int, args):
+    """One population through multi-LoRA: adapters written (to /dev/shm where it exists), every
+    (member, prompt) row in one call with its member's adapter, scored per member."""
+    from vllm.lora.request import LoRARequest
+
+    seeds, signs = es.population(cfg, iteration)
+    root = Path(tempfile.mkdtemp(dir="/dev/shm" if Path("/dev/shm").is_dir() else None))
+    requests = []
+    for n, (seed, sign) in enumerate(zip(seeds, signs)):
+        write_adapter(root / f"m{n}", layers, seed, sign, cfg.sigma, cfg.rank)
+        requests.append(LoRARequest(f"i{iteration}m{n}", iteration * 10_000 + n + 1, str(root / f"m{n}")))
+    P = len(batch)
+    out = engine.generate_with_adapters([e.prompt for _ in seeds for e in batch], args.max_new_tokens,
+                                        [requests[k // P] for k in range(len(seeds) * P)])
+    scores = scorer.score_batch(out.texts, [e for _ in seeds for e in batch])
+    rewards = np.array([np.mean([s.reward for s in scores[n * P:(n + 1) * P]]) for n in range(len(seeds))])
+    tokens = np.array([sum(out.num_tokens[n * P:(n + 1) * P]) for n in range(len(seeds))])
+    return seeds, signs, rewards, tokens
+
+
+# ----- the parent: one child process per case --------------------------------------------------------
 
 
 def run_case(case: str, argv: list[str]) -> dict:
@@ -151,54 +266,88 @@ def run_case(case: str, argv: list[str]) -> dict:
     return json.loads(done.stdout.split("RESULT ", 1)[1])
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m")
+def parse(argv: list[str] | None):
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    installed = [e for e in ENGINES if e == "hf" or importlib.util.find_spec(e) is not None]
+    parser.add_argument("--engine", nargs="+", default=installed, choices=ENGINES,
+                        help="engines to measure side by side (default: every installed one)")
+    parser.add_argument("--model", default=DEFAULT_MODEL)
+    parser.add_argument("--random-init", choices=sorted(p.stem for p in ARCH_DIR.glob("*.json")),
+                        help="time this paper model's architecture with random weights instead of --model")
     parser.add_argument("--env", default="Conciseness-v0")
     parser.add_argument("--population", type=int, nargs="+", default=[8, 32], help="N values to measure")
-    parser.add_argument("--prompts", type=int, default=2, help="training prompts per member")
+    parser.add_argument("--prompts", type=int, default=8, help="training prompts per member")
+    parser.add_argument("--member-prompts", type=int, default=64, help="prompts of case (d), one member")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--rank", type=int, default=1)
     parser.add_argument("--iterations", type=int, default=1, help="measured iterations per case")
+    parser.add_argument("--cases", default="full,lowrank,ceiling,member",
+                        help="comma-separated subset of full, lowrank, ceiling, member, lora (lora: vLLM only)")
     parser.add_argument("--device", default=None)
     parser.add_argument("--dtype", default=None, help="fp32 / bf16 (default: fp32 on CPU, bf16 on CUDA)")
-    parser.add_argument("--cases", default="ceiling,lowrank,full", help=argparse.SUPPRESS)
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.case:  # a child process: one case, one population size; prints one JSON line
-        args.population = args.population[0]
+    unknown = set(args.cases.split(",")) - set(CASES)
+    if unknown:
+        parser.error(f"--cases: unknown {', '.join(sorted(unknown))}; known: {', '.join(CASES)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse(argv)
+    if args.case:  # a child process: one case, one engine, one population size; prints one JSON line
+        args.population, args.engine = args.population[0], args.engine[0]
         print("RESULT " + json.dumps(measure(args.case, args)))
         return
 
-    common = ["--model", args.model, "--env", args.env, "--prompts", str(args.prompts), "--max-new-tokens",
-              str(args.max_new_tokens), "--rank", str(args.rank), "--iterations", str(args.iterations)]
+    common = ["--env", args.env, "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
+              "--rank", str(args.rank), "--iterations", str(args.iterations), "--member-prompts",
+              str(args.member_prompts)]
+    common += ["--random-init", args.random_init] if args.random_init else ["--model", args.model]
     common += ["--device", args.device] if args.device else []
     common += ["--dtype", args.dtype] if args.dtype else []
+    cases = [c for c in CASES if c in args.cases.split(",")]
     header = None
     for n in args.population:
-        r = {case: run_case(case, [*common, "--population", str(n)]) for case in args.cases.split(",")}
+        r = {(case, engine): run_case(case, [*common, "--population", str(n), "--engine", engine])
+             for case in cases for engine in args.engine if case != "lora" or engine == "vllm"}
         first = next(iter(r.values()))
         if header is None:
-            header = (f"model {args.model} ({first['weight_bytes'] / 2**20:.0f} MiB of {first['dtype']} weights) on "
-                      f"{first['device']}, {first['threads']} threads; env {args.env}; {args.prompts} prompts per "
-                      f"member; {args.max_new_tokens} new tokens per row; low-rank R={args.rank}")
+            header = (f"model {args.random_init or args.model}{' (random weights)' if args.random_init else ''} "
+                      f"({first['weight_bytes'] / 2**20:.0f} MiB of {first['dtype']} weights) on {first['device']}, "
+                      f"{first['threads']} threads; env {args.env}; {args.prompts} prompts per member, (d) "
+                      f"{args.member_prompts}; {args.max_new_tokens} new tokens per row; low-rank R={args.rank}")
             print(header)
-            print("| N x prompts | case | member evals/s | tokens/s | s/iteration | peak memory / weights |")
-            print("|---|---|---:|---:|---:|---:|")
-        for case in ("full", "lowrank", "ceiling"):
-            if case in r:
-                x = r[case]
-                label = {"full": "(a) full-rank, sequential", "lowrank": "(b) low-rank, batched",
-                         "ceiling": "(c) plain batched generate"}[case]
-                print(f"| {n} x {args.prompts} | {label} | {n / x['seconds']:.2f} | {x['tokens'] / x['seconds']:.1f} | "
-                      f"{x['seconds']:.1f} | {x['growth'] / x['weight_bytes']:.2f} |", flush=True)
-        if {"full", "lowrank", "ceiling"} <= set(r):
-            print(f"|  | **ratios** | **b/a = {r['full']['seconds'] / r['lowrank']['seconds']:.1f}** | "
-                  f"**b/c = {r['ceiling']['seconds'] / r['lowrank']['seconds']:.2f}** | | |", flush=True)
-    exact, naive = run_case("exact", common + ["--population", "2"]), run_case("naive", common + ["--population", "2"])
-    w = exact["weight_bytes"]
-    print(f"one perturb + restore, peak memory above the weights / weight bytes: exact (sparse patch) "
-          f"{exact['growth'] / w:.2f}, naive full copy {naive['growth'] / w:.2f}")
+            print("| N x prompts | case | engine | member evals/s | tokens/s | s | peak memory / weights | "
+                  "engine memory / weights |")
+            print("|---|---|---|---:|---:|---:|---:|---:|")
+        for (case, engine), x in r.items():
+            shape = f"1 x {args.member_prompts}" if case == "member" else f"{n} x {args.prompts}"
+            print(f"| {shape} | {CASES[case]} | {engine} | {x['members'] / x['seconds']:.2f} | "
+                  f"{x['tokens'] / x['seconds']:.1f} | {x['seconds']:.1f} | {x['growth'] / x['weight_bytes']:.2f} | "
+                  f"{x['engine_bytes'] / x['weight_bytes']:.2f} |", flush=True)
+        print(ratios(r), flush=True)
+    if "hf" in args.engine:
+        exact, naive = (run_case(c, [*common, "--population", "2", "--engine", "hf"]) for c in ("exact", "naive"))
+        w = exact["weight_bytes"]
+        print(f"one perturb + restore, peak memory above the weights / weight bytes: exact (sparse patch) "
+              f"{exact['growth'] / w:.2f}, naive full copy {naive['growth'] / w:.2f}")
+
+
+def ratios(r: dict) -> str:
+    """vLLM/HF speed per case (HF seconds / vLLM seconds), and b/a, b/c per engine."""
+    parts = []
+    for case in CASES:
+        if (case, "hf") in r and (case, "vllm") in r:
+            parts.append(f"{CASES[case].split()[0]} vllm/hf = {r[case, 'hf']['seconds'] / r[case, 'vllm']['seconds']:.2f}")
+    for engine in ENGINES:
+        if {("full", engine), ("lowrank", engine)} <= set(r):
+            parts.append(f"{engine} b/a = {r['full', engine]['seconds'] / r['lowrank', engine]['seconds']:.1f}")
+        if {("ceiling", engine), ("lowrank", engine)} <= set(r):
+            parts.append(f"{engine} b/c = {r['ceiling', engine]['seconds'] / r['lowrank', engine]['seconds']:.2f}")
+    if ("lora", "vllm") in r and ("lowrank", "vllm") in r:
+        parts.append(f"multi-LoRA / hooks = {r['lowrank', 'vllm']['seconds'] / r['lora', 'vllm']['seconds']:.2f}")
+    return "ratios: " + "; ".join(parts)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,8 @@ import sys
 import threading
 import time
 
+from trainers.config import Parser
+
 ALGORITHMS = ("es", "grpo", "ppo")
 
 
@@ -80,7 +82,8 @@ def child(args) -> dict:
 
     import llm_envs
     from trainers import es, policy, sampling
-    from trainers.models import load_model
+    from trainers.engines import make_engine
+    from trainers.models import compute_dtype, load_model
     from trainers.grpo import GRPO, GRPOConfig
     from trainers.ppo import PPO, PPOConfig
 
@@ -106,6 +109,7 @@ def child(args) -> dict:
         cfg.validate()
         model, tokenizer = load_model(args.model, device=args.device)
         params, layers = es.perturbable(model, cfg)
+        engine = make_engine("hf", model, tokenizer)
     else:
         Config, Algo = (GRPOConfig, GRPO) if args.child == "grpo" else (PPOConfig, PPO)
         cfg = Config(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
@@ -117,6 +121,7 @@ def child(args) -> dict:
         ref = policy.load_reference(args.model, args.device)
         algo = Algo(cfg, model, tokenizer, ref)
         optimizer = policy.make_optimizer(algo.param_groups(), cfg.lr)
+        engine = make_engine("hf", model, tokenizer, compute_dtype(model))
     setup_seconds = time.perf_counter() - start
     setup = (rss_bytes() if not cuda else torch.cuda.memory_allocated()) - base
 
@@ -129,13 +134,13 @@ def child(args) -> dict:
         peak.reset()
     start = time.perf_counter()
     if args.child == "es":
-        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, model, tokenizer, scorer, params, layers, prompts)
+        seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, engine, scorer, params, layers, prompts)
         z = es.normalise(rewards)
         if z is not None:
             es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         responses, reward = cfg.population * len(prompts), float(rewards.mean())
     else:
-        samples = sampling.sample(model, tokenizer, scorer, prompts, cfg.group_size, cfg.max_new_tokens,
+        samples = sampling.sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens,
                                   cfg.gen_batch_size, cfg.temperature, seed=0)
         algo.update(algo.prepare(samples), optimizer)
         responses, reward = len(samples), float(samples.rewards.mean())
@@ -154,7 +159,7 @@ def child(args) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m", help="model (default: smollm2-135m)")
     parser.add_argument("--env", default="Conciseness-v0", help="environment whose train prompts form the batch")
     parser.add_argument("--prompts", type=int, default=2, help="prompts in the batch (default 2)")

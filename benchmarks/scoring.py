@@ -11,12 +11,12 @@ never the bottleneck of a training iteration).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 from pathlib import Path
 
 import llm_envs
+from trainers.config import Parser
 
 # The real MATH files, as the tests find them: $LLM_ENVS_SHARED_DATA, else ../shared/data beside the
 # checkout. Without them (and without $LLM_ENVS_MATH_DIR or the hub) MATH-v0 is reported as skipped.
@@ -46,7 +46,7 @@ def completions(env_id: str, examples) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--n", type=int, default=2000, help="completions per env (ARC: n/50, sandboxed)")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args(argv)

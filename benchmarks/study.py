@@ -47,9 +47,10 @@ from tqdm import tqdm
 
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
-from trainers.config import ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
+from trainers.config import USER_ERRORS, ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
+from trainers.engines import EngineOptions
 from trainers.models import resolve_device
-from trainers.run_dir import RUNTIME_FILE, RunDirError, read_jsonl
+from trainers.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.splits import MIN_VALIDATION, VALIDATION
 
 METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
@@ -58,11 +59,11 @@ LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "G
           "ppo": "PPO"}
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "grad_accum")
+INVOCATION = ("device", "grad_accum", "vllm_gpu_memory", "vllm_kv_cache_gb", "vllm_eager")
 
 
 @dataclass
-class StudyConfig:
+class StudyConfig(EngineOptions):
     env: str = field(default="Conciseness-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     seeds: int = field(default=4, metadata={"help": "seeds per method and setting (runs use seeds 0..K-1)"})
     max_samples: int = field(default=256, metadata={"help": "generated training responses per run, the same for "
@@ -131,6 +132,10 @@ class StudyConfig:
         check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
         env_kwargs(self.env_args)
+        try:
+            self.check_engine_options()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.metric is None:
             self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
         if self.kl_samples is None:
@@ -229,7 +234,8 @@ def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
 def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
             "--max-samples", str(cfg.max_samples), "--batch-size", str(prompts), "--eval-every", "0", *validation]
-    for name in ("max_new_tokens", "eval_limit", "env_args", "device"):
+    for name in ("max_new_tokens", "eval_limit", "env_args", "device", "engine", "vllm_gpu_memory", "vllm_kv_cache_gb",
+                 "vllm_eager"):
         if getattr(cfg, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
     steps = cfg.max_samples // per_step(cfg, run.method, prompts)
@@ -299,7 +305,7 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
         return json.loads(done.read_text())
     values = dict(env=cfg.env, model=model, split=cfg.eval_split, out=str(out), max_new_tokens=cfg.max_new_tokens,
                   limit=cfg.eval_limit, label=label, env_args=cfg.env_args, device=cfg.device, dtype=cfg.dtype,
-                  cache=str(cache), **options)
+                  cache=str(cache), **asdict(cfg.engine_options()), **options)
     summary = run(build_config(EvalConfig, values))[0]
     done.write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -488,7 +494,7 @@ def main(argv: list[str] | None = None) -> Path:
     cfg = parse_config(StudyConfig, argv, description=__doc__.split("\n\n")[0])
     try:
         return study(cfg)
-    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
 
 

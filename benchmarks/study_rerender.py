@@ -7,13 +7,12 @@ trained or measured; settings are selected again by ``benchmarks.study.select``)
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 from benchmarks.study import StudyConfig, select
 from benchmarks.study_report import write_report
-from trainers.config import ConfigError, fail
+from trainers.config import ConfigError, Parser, fail
 
 
 def rerender(out: Path) -> None:
@@ -27,7 +26,7 @@ def rerender(out: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.study_rerender", description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("study_dir", help="the study's --out (it holds results.json)")
     args = parser.parse_args(argv)
     try:

@@ -18,16 +18,15 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-import llm_envs
 from eval.harness import EvalConfig, run
-from trainers.config import ConfigError, fail, parse_config
+from trainers.config import USER_ERRORS, fail, parse_config
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     cfg = parse_config(EvalConfig, argv, description=__doc__.split("\n\n")[0])
     try:
         return run(cfg)
-    except (ConfigError, llm_envs.DataError, OSError) as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
 
 

@@ -7,10 +7,11 @@ the trainers' own ``eval_pass@1``), so greedy pass@1 here equals a trainer's log
 same model, split and ``max_new_tokens``. An environment's default splits are its
 ``eval_splits`` (MATH-v0: its five benchmarks).
 
-Writes OUT/ENV.SPLIT.TAG.jsonl (one line per response: prompt id, sample, completion, reward,
-correct, ...) and OUT/ENV.SPLIT.TAG.summary.json (what ``python -m eval.table`` reads); OUT
-defaults to RUN/eval for a trainer run, else runs/eval/MODEL. Results are cached by model
-fingerprint, weight dtype and device type, environment, examples, split and decoding settings
+Writes OUT/ENV.SPLIT.TAG.jsonl (one line per response: prompt id, sample, the opening of the
+assistant's turn, the completion that continues it, reward, correct, ...) and
+OUT/ENV.SPLIT.TAG.summary.json (what ``python -m eval.table`` reads); OUT defaults to RUN/eval
+for a trainer run, else runs/eval/MODEL. Results are cached by model fingerprint, weight dtype and
+device type, environment, examples, split and decoding settings
 (see ``eval.cache``): the cache holds the generations only, and every run scores them afresh with
 the environment's current scorer, so a fixed reward function is never served stale rewards.
 """
@@ -31,6 +32,7 @@ from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
 from trainers.config import ConfigError, check, env_kwargs, make_env
+from trainers.engines import EngineOptions, make_engine
 from trainers.generation import encode_prompts
 from trainers.models import model_fingerprint, resolve_device, resolve_dtype
 from trainers.rollout import eval_examples, rollout
@@ -40,7 +42,7 @@ PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperatur
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(EngineOptions):
     env: str = field(default="Countdown-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     model: str = field(default="smollm2-135m", metadata={"help": "HF id, local model dir, smollm2-135m, or a trainer run dir (its final/ model)"})
     split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
@@ -83,6 +85,10 @@ class EvalConfig:
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
+        try:
+            self.check_engine_options()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
     @property
     def tag(self) -> str:
@@ -97,8 +103,11 @@ class LazyModel:
     of cache keys); its fingerprint is remembered per weight files and dtype, so a fully cached
     evaluation of a local model never loads it."""
 
-    def __init__(self, path: str, device: str | None, cache: Cache, dtype: str | None = None):
+    def __init__(self, path: str, device: str | None, cache: Cache, dtype: str | None = None,
+                 engine: EngineOptions | None = None):
         self.path, self.cache = path, cache
+        self.engine_options = engine or EngineOptions()
+        self._engine = None
         try:
             self.device = resolve_device(device)
             self.dtype = resolve_dtype(dtype, self.device)
@@ -121,6 +130,17 @@ class LazyModel:
             except ValueError as exc:  # a malformed name
                 raise ConfigError(f"model {self.path!r}: {exc}") from None
         return self._loaded
+
+    def engine(self):
+        """The generation engine over the loaded model (started on first use, then kept)."""
+        if self._engine is None:
+            self._engine = make_engine(self.engine_options, *self.get())
+        return self._engine
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+            self._engine = None
 
     @property
     def fingerprint(self) -> str:
@@ -170,18 +190,18 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
     decoding = dict(max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, temperature=cfg.temperature,
                     top_p=cfg.top_p if sampling else 1.0, seed=cfg.seed if sampling else None,
                     batch_size=cfg.batch_size if sampling else None)  # sampled text depends on the batch size
-    key = cache_key(kind="generate", model=model.fingerprint, runtime=model.runtime, env=env_id, env_args=env_args,
+    key = cache_key(kind="generate", model=model.fingerprint, runtime=model.runtime,
+                    engine=model.engine_options.engine, env=env_id, env_args=env_args,
                     split=split, data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples),
                     decoding=decoding)
+    per_completion = [e for e in examples for _ in range(cfg.samples)]  # rows are prompt-major
     entry = cache.get(key)
     cached = entry is not None
     if cached:
-        per_completion = [e for e in examples for _ in range(cfg.samples)]
         scores = scorer.score_batch([r["completion"] for r in entry["rows"]], per_completion)
     else:
-        lm, tokenizer = model.get()
-        r = rollout(lm, tokenizer, scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
-                    cfg.seed if sampling else None, cfg.samples, cfg.top_p, progress=True)
+        r = rollout(model.engine(), scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
+                    cfg.seed if sampling else None, cfg.samples, cfg.top_p, progress=f"{env_id}/{split}")
         out = r.generation
         rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done, token_ids=ids)
                 for j, (e, text, n, done, ids) in enumerate(zip(r.examples, out.texts, out.num_tokens, out.finished,
@@ -190,9 +210,10 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
                  "runtime": model.runtime}
         cache.put(key, entry)
         scores = r.scores
-    rows = [{"id": row["id"], "sample": row["sample"], "completion": row["completion"], "reward": s.reward,
-             "correct": bool(s.correct), "parts": s.parts, "error": s.error, **row}
-            for row, s in zip(entry["rows"], scores)]
+    # The scorer saw opening + completion; the completion (and its token ids, which KL covers) is generated text only.
+    rows = [{"id": row["id"], "sample": row["sample"], "opening": e.opening, "completion": row["completion"],
+             "reward": s.reward, "correct": bool(s.correct), "parts": s.parts, "error": s.error, **row}
+            for row, e, s in zip(entry["rows"], per_completion, scores)]
     return {**entry, "rows": rows}, key, cached
 
 
@@ -252,7 +273,7 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")
-    model = LazyModel(spec.path, cfg.device, cache, cfg.dtype)
+    model = LazyModel(spec.path, cfg.device, cache, cfg.dtype, cfg.engine_options())
     base = None
     if cfg.kl_to:
         base_path = spec.base_model if cfg.kl_to == "base" else cfg.kl_to
@@ -279,6 +300,7 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
             print(_line(summary), flush=True)
             summaries.append(summary)
     finally:
+        model.close()
         scorer.close()
         env.close()
     if len(summaries) > 1:
@@ -333,7 +355,7 @@ def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
             "kl_to": base.path if base else None, "kl_estimator": "k3" if base else None,
             "kl_temperature": cfg.temperature if base else None,  # both models' log-probs at the sampling temperature
-            "fingerprint": model.fingerprint, **model.runtime,
+            "fingerprint": model.fingerprint, **model.runtime, "engine": model.engine_options.engine,
             "base_fingerprint": base.fingerprint if base else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

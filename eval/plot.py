@@ -12,7 +12,6 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 from typing import Any
@@ -228,9 +227,9 @@ def _save(fig, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    from trainers.config import fail
+    from trainers.config import Parser, fail
 
-    parser = argparse.ArgumentParser(prog="python -m eval.plot", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m eval.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="run dirs, summary files or directories of them")
     parser.add_argument("--out", default="plots", help="output directory for the PNG files")
     parser.add_argument("--kind", choices=["curves", "pareto", "improvement", "all"], default="all")

@@ -12,7 +12,6 @@ of its own log (see ``eval.load_results``).
 
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 from collections import Counter
@@ -321,9 +320,9 @@ def render(tables: list[Table], fmt: str = "markdown") -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    from trainers.config import fail
+    from trainers.config import Parser, fail
 
-    parser = argparse.ArgumentParser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="summary files, run dirs or directories of them")
     parser.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
     parser.add_argument("--table", choices=["1", "2", "splits", "all"], default="all", help="which tables")

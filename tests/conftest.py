@@ -59,12 +59,12 @@ def build_tiny_tokenizer():
     return tok
 
 
-def build_tiny_model(tokenizer, seed: int = 0):
+def build_tiny_model(tokenizer, seed: int = 0, head_dim: int = 16):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=1024,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=head_dim, max_position_embeddings=1024,
         tie_word_embeddings=True, initializer_range=0.1, bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
     )

@@ -255,7 +255,7 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
     def boom(*a, **k):
         raise AssertionError("generate called despite a cached result")
 
-    monkeypatch.setattr("trainers.rollout.generate", boom)
+    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
     monkeypatch.setattr("trainers.models.load_model", boom)  # a cached local model is not even loaded
     [second] = cli.main(args)
     assert second["cached"] and second["pass@1"] == first["pass@1"] and second["reward_mean"] == first["reward_mean"]
@@ -271,7 +271,7 @@ def test_cached_generations_are_rescored_with_the_current_reward_code(tiny_model
     def boom(*a, **k):
         raise AssertionError("generate called despite a cached result")
 
-    monkeypatch.setattr("trainers.rollout.generate", boom)
+    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
     # a reward fix: the cached texts are scored by the new code, without generating again
     env_class = llm_envs.registry.env_class("Conciseness-v0")
     monkeypatch.setattr(env_class, "score_completion", lambda self, text, example: Score(-len(text) - 0.5, False))
@@ -293,7 +293,7 @@ def test_another_dtype_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("generate called")
 
-    monkeypatch.setattr("trainers.rollout.generate", boom)
+    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
     assert cli.main([*args, "--dtype", "fp32"])[0]["cached"]  # the same dtype, spelled out: a hit
     with pytest.raises(AssertionError, match="generate called"):
         cli.main([*args, "--dtype", "bf16"])

@@ -16,6 +16,7 @@ import llm_envs
 from trainers import grpo, policy, ppo, rl, rollout, sweep
 from trainers.budget import Budget
 from trainers.config import ConfigError
+from trainers.engines.hf import HFEngine
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
 from trainers.logprobs import pad, token_logprobs
 from trainers.losses import kl_k3
@@ -99,7 +100,7 @@ def test_kl_term_by_hand():
 
 def test_kl_is_zero_against_itself(tiny_model, tiny_tokenizer):
     env = llm_envs.make(LETTER)
-    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train"), 3, 6, seed=0)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), env, env.examples("train"), 3, 6, seed=0)
     batch = pad(s.prompt_ids, s.completion_ids, tiny_tokenizer.pad_token_id)
     logp = token_logprobs(tiny_model, batch)
     ref = token_logprobs(copy.deepcopy(tiny_model), batch)
@@ -115,7 +116,7 @@ def test_kl_is_zero_against_itself(tiny_model, tiny_tokenizer):
 
 def test_logprobs_equal_unpadded_forward(tiny_model, tiny_tokenizer):
     env = llm_envs.make(LETTER)
-    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:3], 2, 6, seed=1)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), env, env.examples("train")[:3], 2, 6, seed=1)
     lengths = [len(c) for c in s.completion_ids]
     s.completion_ids[0] = s.completion_ids[0][:2]  # ragged completions
     batch = pad(s.prompt_ids, s.completion_ids, tiny_tokenizer.pad_token_id)
@@ -131,11 +132,11 @@ def test_logprobs_equal_unpadded_forward(tiny_model, tiny_tokenizer):
 def test_sampling_returns_groups_with_token_ids(tiny_model, tiny_tokenizer):
     env = llm_envs.make(LETTER)
     examples = env.examples("train")[:2]
-    s = sample(tiny_model, tiny_tokenizer, env, examples, 4, 6, seed=3)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), env, examples, 4, 6, seed=3)
     assert len(s) == 8 and [e.id for e in s.examples] == [examples[0].id] * 4 + [examples[1].id] * 4
     assert all(1 <= len(c) <= 6 for c in s.completion_ids)
     assert len({tuple(c) for c in s.completion_ids}) > 1  # sampled, not greedy
-    again = sample(tiny_model, tiny_tokenizer, env, examples, 4, 6, seed=3)
+    again = sample(HFEngine(tiny_model, tiny_tokenizer), env, examples, 4, 6, seed=3)
     assert again.completion_ids == s.completion_ids  # seeded
     for ids, text in zip(s.completion_ids, s.texts):
         assert tiny_tokenizer.decode(ids, skip_special_tokens=True) == text
@@ -160,7 +161,7 @@ def step_gradients(model, tokenizer, samples, **options) -> dict[str, torch.Tens
 def test_gradient_accumulation_and_checkpointing_give_the_full_batch_gradient(tiny_model, tiny_tokenizer,
                                                                                tiny_model_dir):
     env = llm_envs.make(LETTER)
-    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:2], 4, 6, seed=2)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), env, env.examples("train")[:2], 4, 6, seed=2)
     s.rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.0, 0.3, 0.9, 0.1])
     full = step_gradients(copy.deepcopy(tiny_model), tiny_tokenizer, s)
     accumulated = step_gradients(copy.deepcopy(tiny_model), tiny_tokenizer, s, grad_accum=3)

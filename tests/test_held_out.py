@@ -11,6 +11,7 @@ import pytest
 import eval.__main__ as cli
 import eval.harness as harness
 from trainers import es, grpo, rollout
+from trainers.engines.hf import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -58,13 +59,14 @@ def test_distributed_held_out_evaluation_is_shared_across_ranks(tiny_model, tiny
     scorer = llm_envs.BatchScorer(env, 0)
     seen: list[list[str]] = []
     real = rollout.rollout
-    monkeypatch.setattr(rollout, "rollout", lambda m, t, s, examples, *a, **k: seen.append([e.id for e in examples])
-                        or real(m, t, s, examples, *a, **k))
-    alone = rollout.evaluate(tiny_model, tiny_tokenizer, scorer, "test", 6)
+    monkeypatch.setattr(rollout, "rollout", lambda engine, s, examples, *a, **k: seen.append([e.id for e in examples])
+                        or real(engine, s, examples, *a, **k))
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    alone = rollout.evaluate(engine, scorer, "test", 6)
     partial = []
     for rank in range(3):
         partial.append(None)
-        rollout.evaluate(tiny_model, tiny_tokenizer, scorer, "test", 6, rank=rank, world=3,
+        rollout.evaluate(engine, scorer, "test", 6, rank=rank, world=3,
                          all_sum=lambda sums, rank=rank: partial.__setitem__(rank, sums.copy()) or sums)
     everything, *shares = seen
     assert sorted(sum(shares, [])) == sorted(everything) and all(shares)  # disjoint shares, the whole split

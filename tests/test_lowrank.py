@@ -12,6 +12,7 @@ import torch
 from llm_envs import BatchScorer, Example, Score, chat
 from toy_envs import LetterEnv
 from trainers import lowrank, noise
+from trainers.engines.hf import HFEngine
 from trainers.generation import generate
 
 SEEDS, SIGNS = [11, 11, 12, 13], [1.0, -1.0, 1.0, -1.0]  # a mirrored pair and two single members
@@ -196,11 +197,11 @@ def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
     batch = [Example(f"p{i}", p, "a") for i, p in enumerate(PROMPTS)]
     calls = []
     real = rollout.rollout
-    monkeypatch.setattr(es, "rollout", lambda m, t, s, examples, *a, **k: calls.append(len(examples))
-                        or real(m, t, s, examples, *a, **k))
+    monkeypatch.setattr(es, "rollout", lambda engine, s, examples, *a, **k: calls.append(len(examples))
+                        or real(engine, s, examples, *a, **k))
     arrays = [np.zeros(4) for _ in range(3)]
-    es.evaluate_batched(cfg, model, tokenizer, BatchScorer(ParityEnv(), 0), lowrank.select_layers(model, None, 2),
-                        batch, [(n, seeds[n], signs[n]) for n in range(4)], *arrays)
+    es.evaluate_batched(cfg, HFEngine(model, tokenizer), BatchScorer(ParityEnv(), 0),
+                        lowrank.select_layers(model, None, 2), batch, [(n, seeds[n], signs[n]) for n in range(4)], *arrays)
     return (*arrays, calls, seeds, signs, batch)
 
 

@@ -12,6 +12,7 @@ import torch
 
 import llm_envs
 from trainers import policy, ppo, rl
+from trainers.engines.hf import HFEngine
 from trainers.ppo import PPO, PPOConfig, gae, ppo_loss, token_rewards
 from trainers.sampling import sample
 
@@ -111,7 +112,7 @@ def policy_gradient(tiny_model, tiny_tokenizer, model_dir, samples, **options) -
 
 def test_the_separate_critic_never_moves_the_policy(tiny_model, tiny_tokenizer, tiny_model_dir):
     env = llm_envs.make(LETTER)
-    s = sample(tiny_model, tiny_tokenizer, env, env.examples("train")[:2], 2, 6, seed=0)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), env, env.examples("train")[:2], 2, 6, seed=0)
     cfg = PPOConfig(env=LETTER, model=str(tiny_model_dir), beta=0.0)
     cfg.validate()
     algo = PPO(cfg, copy.deepcopy(tiny_model), tiny_tokenizer)

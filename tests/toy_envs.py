@@ -70,3 +70,18 @@ class LetterEnv(TaskEnv):
 
 
 register("Letter-v0", LetterEnv)
+
+
+class OpenedEchoEnv(CheapEchoEnv):
+    """Say the number back after an opening of the assistant's turn: "The number is " for the env,
+    "Number: " for example 4 (its own). ``correct`` when the scorer receives exactly the whole turn
+    (``answer``), so it tells whether the opening was put in front of the completion."""
+
+    opening = "The number is "
+
+    def build_split(self, split: str) -> list[Example]:
+        return [Example(f"{split}-{i}", chat(f"Say {i}."), f"The number is {i}") for i in range(4)] + [
+            Example(f"{split}-4", chat("Say 4.", opening="Number: "), "Number: 4")]
+
+
+register("OpenedEcho-v0", OpenedEchoEnv)

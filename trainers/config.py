@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 
 import llm_envs
+from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.run_dir import RunDirError
 
 C = TypeVar("C")
@@ -68,13 +69,27 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         raise ConfigError(f"{_flag(name)}: expected {kind.__name__}, got {value!r}") from None
 
 
+class Parser(argparse.ArgumentParser):
+    """The parser of every command: a bad flag or value ends the program with one line (exit code
+    2), not argparse's usage block; the program is named as it is run (``python -m trainers.es``)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        main = sys.modules.get("__main__")
+        module = getattr(getattr(main, "__spec__", None), "name", None)
+        if kwargs.get("prog") is None and module:
+            kwargs["prog"] = f"python -m {module.removesuffix('.__main__')}"
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
+
+
 def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
     """A parser with ``--config`` and one flag per field of ``cls``. Flags that are not given are
     absent from the parsed namespace (``default=SUPPRESS``): what the namespace holds is exactly
     what the command line said. Abbreviations (``--iter`` for ``--iterations``) are refused."""
     hints = typing.get_type_hints(cls)
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-                                     allow_abbrev=False)
+    parser = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of field: value pairs (flags given here override it)")
     for f in dataclasses.fields(cls):
         if not f.init:
@@ -85,7 +100,7 @@ def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
         choices = f.metadata.get("choices")
         parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, choices=choices,
                             metavar=kind.__name__.upper() if not choices else None,
-                            help=f"{meta} (default: {default})")
+                            help=f"{meta} (default: {default})".replace("%", "%%"))  # argparse formats help with %
     return parser
 
 
@@ -171,10 +186,10 @@ def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, splits: 
 
 
 @dataclass
-class TrainConfig:
-    """The options every trainer has (ES, GRPO, PPO): what to train on, where the run lives, the
-    held-out evaluation, checkpoints and the sample budget. Trainers add their own fields, and
-    each sets ``algorithm``."""
+class TrainConfig(EngineOptions):
+    """The options every trainer has (ES, GRPO, PPO): the generation engine, what to train on,
+    where the run lives, the held-out evaluation, checkpoints and the sample budget. Trainers add
+    their own fields, and each sets ``algorithm``."""
 
     #: What config.yaml records as ``algorithm:`` (es / grpo / dr_grpo / ppo), the key tables and
     #: plots label a run by. Each trainer's config fixes it (from ``--loss`` for GRPO): no flag
@@ -212,12 +227,21 @@ class TrainConfig:
         check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
+        try:
+            self.check_engine_options()
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def to_dict(config: Any) -> dict[str, Any]:
     """What config.yaml holds: ``algorithm`` (when the config has one), then every option."""
     algorithm = getattr(config, "algorithm", None)
     return ({"algorithm": algorithm} if algorithm else {}) | dataclasses.asdict(config)
+
+
+#: The errors a command reports in one line (bad options, run directories, data files, models
+#: that cannot load, an engine that cannot run here), never as a traceback.
+USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable)
 
 
 def fail(message: str) -> typing.NoReturn:
@@ -255,5 +279,5 @@ def run_main(resolve, train, argv: list[str] | None = None) -> None:
     """``train(resolve(argv))`` with bad configs, run directories and data as one-line errors."""
     try:
         train(resolve(argv))
-    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:  # OSError: a model that cannot load
+    except USER_ERRORS as exc:
         fail(str(exc))

@@ -35,9 +35,12 @@ from tqdm import tqdm
 import llm_envs
 from trainers import distributed, lowrank, noise
 from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
+from trainers.engines import make_engine
+from trainers.engines.base import Engine, FullRankMember, LowRankMembers
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
-from trainers.rollout import batch_for, evaluate, rollout
+from trainers.progress import RunClock, evaluations_left, options
+from trainers.rollout import batch_for, eval_examples, evaluate, rollout
 from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
 from trainers.splits import training_env
 
@@ -95,6 +98,9 @@ class ESConfig(TrainConfig):
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.rank >= 1, "rank", "must be >= 1")
         check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
+        if self.engine == "vllm" and self.noise == "lowrank":  # its hooks run only outside compiled graphs
+            check(self.vllm_eager is not False, "vllm_eager", "must be true with --noise lowrank on --engine vllm")
+            self.vllm_eager = True
         if self.param_filter is not None:
             try:
                 re.compile(self.param_filter)
@@ -147,39 +153,50 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
     return list(merged), list(merged.values())
 
 
-def es_iteration(cfg: ESConfig, iteration: int, model, tokenizer, scorer, params: noise.Params,
-                 layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1):
+def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: noise.Params,
+                 layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1,
+                 clock: RunClock | None = None):
     """Evaluate this process's share of the population (members rank, rank + world, ...);
     returns seeds, signs and per-member arrays of mean reward, accuracy and tokens (zeros for
-    other processes' members)."""
+    other processes' members). With a ``clock`` (the main process's), progress bars show the
+    members (full-rank) or rows (low-rank) done, and the clock hears how long the first took."""
     seeds, signs = population(cfg, iteration)
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
     mine = list(range(rank, cfg.population, world))
+    start = time.perf_counter()
     if cfg.noise == "lowrank":
-        evaluate_batched(cfg, model, tokenizer, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
-                         rewards, accuracy, tokens)
+        evaluate_batched(cfg, engine, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
+                         rewards, accuracy, tokens, clock)
+        if clock is not None:
+            clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
-    for n in mine:  # the paper's loop: perturb in place, generate, restore
-        patches = noise.perturb(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
-        try:
-            r = rollout(model, tokenizer, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32)
-        finally:
-            noise.restore(params, seeds[n], cfg.sigma, patches, signs[n], cfg.shared_noise)
+    members = tqdm(mine, desc=f"iteration {iteration}", unit="member", leave=False, dynamic_ncols=True,
+                   disable=clock is None)
+    for k, n in enumerate(members):  # the paper's loop: the engine perturbs, generates and restores exactly
+        member = FullRankMember(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
+        r = rollout(engine, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32, perturbation=member,
+                    progress=clock is not None and f"member {n}", on_progress=clock and clock.generation)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
+        if clock is not None:
+            clock.trained(time.perf_counter() - start, (k + 1) / len(mine), "member")
     return seeds, signs, rewards, accuracy, tokens
 
 
-def evaluate_batched(cfg: ESConfig, model, tokenizer, scorer, layers, batch, members, rewards, accuracy, tokens) -> None:
-    """Low-rank mode: every (member, prompt) pair is one row of one ``generate`` call, rows
-    member-major; more calls only when the rows do not fit in memory. ``--gen-batch-size`` caps the
-    rows of every call: whole members while P prompts fit, else one member's prompts split over
-    calls. Fills the per-member arrays in place, over all P rows of each member."""
+def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, members, rewards, accuracy, tokens,
+                     clock: RunClock | None = None) -> None:
+    """Low-rank mode: every (member, prompt) pair is one row of one engine call, rows
+    member-major; more calls only when the rows do not fit in memory (an engine that schedules
+    its rows itself fits them all). ``--gen-batch-size`` caps the rows of every call: whole
+    members while P prompts fit, else one member's prompts split over calls. Fills the per-member
+    arrays in place, over all P rows of each member; with a ``clock``, a bar shows the rows done."""
     P = len(batch)
     if cfg.gen_batch_size:
         cap = cfg.gen_batch_size
+    elif engine.schedules_rows:
+        cap = len(members) * P
     else:
-        longest = max(len(ids) for ids in encode_prompts(tokenizer, [e.prompt for e in batch]))
-        cap = max(1, rows_that_fit(model, longest + cfg.max_new_tokens))
+        longest = max(len(ids) for ids in encode_prompts(engine.tokenizer, [e.prompt for e in batch]))
+        cap = max(1, rows_that_fit(engine.model, longest + cfg.max_new_tokens))
     rows: dict[int, list[tuple[llm_envs.Score, int]]] = {n: [] for n, _, _ in members}  # (score, tokens) per row
     done = 0  # rows generated, member-major: member done // P, its prompt done % P
     while done < len(members) * P:
@@ -188,16 +205,16 @@ def evaluate_batched(cfg: ESConfig, model, tokenizer, scorer, layers, batch, mem
             chunk, prompts = members[first:first + cap // P], batch
         else:  # one member's prompts over several calls
             chunk, prompts = members[first:first + 1], batch[prompt:prompt + cap]
-        pop = lowrank.Population(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
+        pop = LowRankMembers(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
         try:
-            with pop.applied():
-                r = rollout(model, tokenizer, scorer, [e for _ in chunk for e in prompts], cfg.max_new_tokens,
-                            len(chunk) * len(prompts), sort=False)
+            r = rollout(engine, scorer, [e for _ in chunk for e in prompts], cfg.max_new_tokens,
+                        len(chunk) * len(prompts), sort=False, perturbation=pop,
+                        progress=clock is not None and f"{len(chunk)} members' rows",
+                        on_progress=clock and clock.generation)
         except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
             if cap == 1:
                 raise
             cap = max(1, cap // 2)
-            del pop
             torch.cuda.empty_cache()
             continue
         for k, (n, _, _) in enumerate(chunk):
@@ -237,11 +254,14 @@ def select_params(model, pattern: str | None) -> list[tuple[str, torch.Tensor]]:
 
 
 def release_freed_buffers() -> None:
-    """Have glibc unmap freed buffers of 1 MB and more at once. By default it raises its mmap
-    threshold after big frees and keeps ES's per-tensor noise buffers on the heap: that alone
-    doubled the peak memory of an iteration (``benchmarks/es_speed.py``)."""
+    """Fix glibc's mmap threshold at 32 MB, the top of its dynamic range. By default glibc raises
+    the threshold after each big free, so ES's tensor-sized noise buffers end up on the heap: that
+    alone doubled the peak memory of an iteration. A 1 MB threshold avoided it but made every
+    KV-cache allocation of generation a fresh mmap (page faults on every decode step): HF generate
+    ran at 0.6x. At 32 MB the peak stays 0.48x the weights (``benchmarks/es_speed.py``) and
+    generation runs at full speed."""
     try:
-        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)  # -3: M_MMAP_THRESHOLD
+        ctypes.CDLL("libc.so.6").mallopt(-3, 32 << 20)  # -3: M_MMAP_THRESHOLD
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to do
         pass
 
@@ -294,12 +314,26 @@ def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, 
             update_weights(cfg, params, layers, u["seeds"], u["coefficients"])
 
 
+def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_iteration: int, eval_rows: int,
+             evals: int) -> RunClock:
+    """The projection of this run's time on ``device``: ``left`` iterations in which this process
+    evaluates ``members`` members on ``per_iteration`` prompts, and ``evals`` held-out evaluations."""
+    shorten = options(*["--noise lowrank (the whole population in one batched generation)"] * (cfg.noise == "full"),
+                      f"--batch-size (prompts per iteration, now {per_iteration})",
+                      f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
+    return RunClock(say, "iteration", left, members * per_iteration, f"N={cfg.population} x {per_iteration} prompts",
+                    shorten, device, cfg.max_new_tokens, eval_rows, evals)
+
+
 # ----- the run ----------------------------------------------------------------------------------
 
 
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
+    if cfg.engine == "vllm" and dist.world > 1:
+        raise ConfigError(f"--engine vllm runs in one process (this launch has {dist.world}); use --engine hf "
+                          f"with several processes")
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
@@ -327,6 +361,7 @@ def train(cfg: ESConfig) -> Path:
     if ckpts:
         load_masters(params, run.checkpoint_dir(ckpts[-1]))
     replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
+    engine = make_engine(cfg, model, tokenizer)  # after the replay: it starts from the current weights
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
@@ -349,10 +384,20 @@ def train(cfg: ESConfig) -> Path:
     evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
         if cfg.resume else set()
 
+    left = cfg.iterations - done  # iterations this invocation will run, within the sample budget
+    if cfg.max_samples is not None:
+        left = min(left, (cfg.max_samples - samples) // (cfg.population * per_iteration))
+    members = len(range(dist.rank, cfg.population, dist.world))  # this process's share, as for eval_rows
+    eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // dist.world)
+    clock = es_clock(cfg, say, next(model.parameters()).device.type, left, members, per_iteration, eval_rows,
+                     evaluations_left(done, done + left, cfg.eval_every)) if dist.is_main else None
+
     def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
         evaluated.add(iteration)
-        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
-                          cfg.eval_limit, dist.rank, dist.world, dist.sum)
+        scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
+                          cfg.eval_limit, dist.rank, dist.world, dist.sum,
+                          progress=clock is not None and f"held-out {cfg.eval_split} (iteration {iteration})",
+                          on_progress=clock and clock.generation)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                   "eval_n": scores["n"]}
         run.log(record, iteration)
@@ -377,8 +422,8 @@ def train(cfg: ESConfig) -> Path:
             break
         start = time.perf_counter()
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
-        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, model, tokenizer, scorer, params, layers, batch,
-                                                               dist.rank, dist.world)
+        seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, engine, scorer, params, layers, batch,
+                                                               dist.rank, dist.world, clock)
         rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)
         z = normalise(rewards, cfg.rank_shaping)
         if z is None:
@@ -387,6 +432,7 @@ def train(cfg: ESConfig) -> Path:
         else:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
             update_weights(cfg, params, layers, upd_seeds, coefs)
+            engine.sync_weights()
         samples += per_step
         total_tokens += int(tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
@@ -415,6 +461,7 @@ def train(cfg: ESConfig) -> Path:
         save_model(model, tokenizer, run.path / "final")
         summarize(run)
     run.close()
+    engine.close()
     scorer.close()
     env.close()
     dist.wait_for_main()

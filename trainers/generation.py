@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -54,7 +54,11 @@ class GenerationResult:
 
 def render_prompt(tokenizer, prompt: Prompt) -> str:
     """The text of one prompt: chat messages through the chat template (with the assistant
-    generation prompt); a plain string is used as it is."""
+    generation prompt); a plain string is used as it is.
+
+    Chat messages that end with an assistant message (an example's opening) render with
+    ``continue_final_message``: the text ends exactly with that message's content, so every engine
+    that generates from this text continues the opening."""
     if isinstance(prompt, str):
         return prompt
     if not isinstance(prompt, Sequence) or not all(isinstance(m, dict) for m in prompt):
@@ -63,7 +67,17 @@ def render_prompt(tokenizer, prompt: Prompt) -> str:
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError("the tokenizer has no chat template, so chat-message prompts cannot be rendered; "
                          "pass plain-string prompts or set tokenizer.chat_template")
-    return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    if not prompt or prompt[-1].get("role") != "assistant":
+        return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
+    opening = prompt[-1].get("content") or ""
+    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=False, continue_final_message=True,
+                                         tokenize=False)
+    if not text.endswith(opening) and text.endswith(opening.rstrip()):
+        text += opening[len(opening.rstrip()):]  # a template that trims message content drops trailing space
+    if not text.endswith(opening):
+        raise ValueError(f"the chat template does not end the rendered prompt with the assistant opening "
+                         f"{opening!r}, so generation cannot continue it")
+    return text
 
 
 def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
@@ -112,10 +126,11 @@ def generate(
     top_k: int = 0,
     seed: int | None = None,
     num_return_sequences: int = 1,
-    progress: bool = False,
+    progress: bool | str = False,
     stop_ids: Sequence[int] | None = None,
     sort: bool = True,
     min_new_tokens: int = 0,
+    on_progress: Callable[[float, int, float], None] | None = None,
 ) -> GenerationResult:
     """Complete each chat prompt; greedy when ``temperature == 0``.
 
@@ -129,19 +144,13 @@ def generate(
 
     Greedy output is deterministic for a given call. Across different batch compositions (other
     padding) fp32 results agree up to float rounding, which can flip a near-tied argmax.
+
+    ``progress``: a tqdm bar of the sequences done (a string names it), moving with every decode
+    step, so a long batch shows its pace and an ETA before it ends (an upper bound until then: it
+    counts each row at the full ``max_new_tokens``). ``on_progress(done, total, seconds)`` is told
+    the same count at every step.
     """
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
-    if not isinstance(batch_size, int) or batch_size < 1:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
-        raise ValueError(f"num_return_sequences must be a positive integer, got {num_return_sequences!r}")
-    if not (temperature >= 0 and math.isfinite(temperature)):
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
-    if not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if isinstance(prompts, (str, dict)):
-        raise TypeError("prompts must be a list of prompts (each a list of chat messages or a string)")
+    check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
 
     start = time.perf_counter()
     prompts = list(prompts)
@@ -165,6 +174,7 @@ def generate(
                                 min(min_new_tokens, max_new_tokens))
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     bar = _progress(len(seqs), progress)
+    tracker = _StepProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
     timings = []
     was_training = model.training
     saved_config = getattr(model, "generation_config", None)
@@ -183,14 +193,15 @@ def generate(
                     if ids:
                         input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                         attention[r, width - len(ids):] = 1
+                track = {} if tracker is None else {"stopping_criteria": tracker.batch(len(rows), width)}
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                     generation_config=config)
+                                     generation_config=config, **track)
                 new = out[:, width:].tolist()
                 for j, ids in zip(batch, new):
-                    results[j] = _cut(ids, stops)
+                    results[j] = cut_at_stop(ids, stops)
                 timings.append(time.perf_counter() - t0)
-                if bar is not None:
-                    bar.update(len(batch))
+                if tracker is not None:
+                    tracker.batch_done()
     finally:
         if saved_config is not None:
             model.generation_config = saved_config
@@ -211,7 +222,24 @@ def generate(
                             seconds=time.perf_counter() - start, batches=len(batches), timings=timings)
 
 
-def _cut(ids: list[int], stops: Sequence[int]) -> tuple[list[int], bool]:
+def check_decoding(prompts, max_new_tokens: int, batch_size: int, num_return_sequences: int, temperature: float,
+                   top_p: float) -> None:
+    """Raise on decoding settings no engine can honour (every engine checks the same)."""
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
+    if not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+    if not isinstance(num_return_sequences, int) or num_return_sequences < 1:
+        raise ValueError(f"num_return_sequences must be a positive integer, got {num_return_sequences!r}")
+    if not (temperature >= 0 and math.isfinite(temperature)):
+        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if isinstance(prompts, (str, dict)):
+        raise TypeError("prompts must be a list of prompts (each a list of chat messages or a string)")
+
+
+def cut_at_stop(ids: list[int], stops: Sequence[int]) -> tuple[list[int], bool]:
     """Generated ids up to and including the first stop token; whether there was one."""
     stop = set(stops)
     for k, t in enumerate(ids):
@@ -263,12 +291,47 @@ def _seeded(seed: int | None, device: torch.device):
         yield
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool | str):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="generate", unit="seq")
+    return tqdm(total=total, desc=enabled if isinstance(enabled, str) else "generate", unit="seq", leave=False,
+                dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} "
+                                               "[{elapsed}<{remaining}, {rate_fmt}]")
+
+
+class _StepProgress:
+    """Counts the sequences of a ``generate`` call done, a batch's share per decode step (rows x
+    step / max_new_tokens) and whole at its end, for the bar and ``on_progress``. Hooked in as a
+    stopping criterion that never stops anything (HF calls those after every step)."""
+
+    def __init__(self, bar, on_progress, total: int, max_new_tokens: int):
+        self.bar, self.on_progress, self.total, self.max_new = bar, on_progress, total, max_new_tokens
+        self.start = time.perf_counter()
+        self.done = 0.0  # whole batches
+        self.rows, self.width = 0, 0
+
+    def batch(self, rows: int, width: int):
+        from transformers import StoppingCriteriaList
+
+        self.rows, self.width = rows, width
+        return StoppingCriteriaList([self])
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        step = min(input_ids.shape[1] - self.width, self.max_new)
+        self._report(self.done + self.rows * step / self.max_new)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    def batch_done(self) -> None:
+        self.done += self.rows
+        self._report(self.done)
+
+    def _report(self, done: float) -> None:
+        if self.bar is not None:
+            self.bar.update(done - self.bar.n)
+        if self.on_progress is not None:
+            self.on_progress(done, self.total, time.perf_counter() - self.start)
 
 
 def free_memory(device: torch.device) -> int:

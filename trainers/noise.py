@@ -110,6 +110,16 @@ def _shifted(param: torch.Tensor, eps: torch.Tensor, scale: float, out: torch.Te
 
 
 @torch.no_grad()
+def perturbed_tensor(params: Params, index: int, seed: int, sigma: float, sign: float = 1.0,
+                     shared: bool = False) -> torch.Tensor:
+    """A new tensor holding what ``perturb`` writes into tensor ``index``: its master (or itself)
+    plus sign * sigma * eps(seed), rounded to its dtype. For engines that hold their own copy of
+    the weights."""
+    p = params.tensors[index]
+    return _shifted(params.values(index), noise(p, seed, index, shared), sign * sigma).to(p.dtype)
+
+
+@torch.no_grad()
 def perturb(params: Params, seed: int, sigma: float, sign: float = 1.0, shared: bool = False) -> list[Patch | None]:
     """theta += sign * sigma * eps(seed), in place; returns what ``restore`` needs."""
     patches: list[Patch | None] = []

@@ -9,11 +9,10 @@ device the run used (recorded in ``noise_device.json``); another kind is refused
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
-from trainers.config import ConfigError, build_config, fail, load_yaml
+from trainers.config import ConfigError, Parser, build_config, fail, load_yaml
 from trainers.es import NOISE_DEVICE_FILE, ESConfig, check_noise_device, perturbable, replay
 from trainers.models import load_model, save_model
 from trainers.run_dir import read_jsonl
@@ -36,7 +35,7 @@ def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | Non
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("run_dir")
     parser.add_argument("--out", required=True, help="where to save the rebuilt model (Hugging Face format)")
     parser.add_argument("--iteration", type=int, help="stop after this iteration (default: the last)")

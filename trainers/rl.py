@@ -19,9 +19,11 @@ import llm_envs
 from trainers.budget import Budget
 from trainers.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
 from trainers.config import ConfigError, TrainConfig, check, to_dict
-from trainers.models import save_model
+from trainers.engines import make_engine
+from trainers.models import compute_dtype, save_model
 from trainers.policy import load_policy, load_reference, make_optimizer
-from trainers.rollout import batch_for, evaluate
+from trainers.progress import RunClock, evaluations_left, options
+from trainers.rollout import batch_for, eval_examples, evaluate
 from trainers.run_dir import RunDir, summarize
 from trainers.sampling import sample, step_seed
 from trainers.splits import training_env
@@ -59,6 +61,16 @@ class RLConfig(TrainConfig):
         check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", "must be > 0 (RL samples)")
 
 
+def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows: int, evals: int) -> RunClock:
+    """The projection of this run's time on ``device``: ``left`` steps of ``prompts`` x
+    ``group_size`` responses, and ``evals`` held-out evaluations."""
+    shorten = options(f"--batch-size (prompts per step, now {prompts})",
+                      f"--group-size (responses per prompt, now {cfg.group_size})",
+                      f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
+    return RunClock(say, "step", left, prompts * cfg.group_size, f"{prompts} prompts x {cfg.group_size} responses",
+                    shorten, device, cfg.max_new_tokens, eval_rows, evals)
+
+
 def train(cfg: RLConfig, algorithm) -> Path:
     """The RL run, for any ``algorithm`` (GRPO, PPO): sample a batch, ``algorithm.prepare`` it (no
     gradients: reference log-probs, advantages, ...), ``algorithm.update`` it ``epochs`` times (one
@@ -85,6 +97,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     run.note_runtime(model, done)
     ref = load_reference(cfg.model, cfg.device) if cfg.beta else None
     algo = algorithm(cfg, model, tokenizer, ref)
+    # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
+    engine = make_engine(cfg, model, tokenizer, compute_dtype(model))
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
     # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
@@ -105,13 +119,20 @@ def train(cfg: RLConfig, algorithm) -> Path:
     say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {min(cfg.batch_size, len(train_examples))} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}")
 
+    left = cfg.steps - done  # steps this invocation will run, within the sample budget
+    if cfg.max_samples is not None:
+        left = min(left, (cfg.max_samples - budget.samples) // per_step)
+    eval_rows = len(eval_examples(env, cfg.eval_split, cfg.eval_limit))
+    clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, per_step // cfg.group_size, eval_rows,
+                     evaluations_left(done, done + left, cfg.eval_every))
     # steps whose model has a held-out record (a resumed run keeps those up to ``done``)
     evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r} if cfg.resume else set()
 
     def held_out(step: int) -> None:
         evaluated.add(step)
-        scores = evaluate(model, tokenizer, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
-                          cfg.eval_limit)
+        scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
+                          cfg.eval_limit, progress=f"held-out {cfg.eval_split} (step {step})",
+                          on_progress=clock.generation)
         run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                  "eval_n": scores["n"]}, step)
         say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
@@ -128,11 +149,13 @@ def train(cfg: RLConfig, algorithm) -> Path:
                 say(f"--max-samples {cfg.max_samples} reached after {budget.samples} responses: stopping at step {step - 1}")
                 step -= 1
                 break
-            samples = sample(model, tokenizer, scorer, prompts, cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
-                             cfg.temperature, step_seed(cfg.seed, step))
+            samples = sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
+                             cfg.temperature, step_seed(cfg.seed, step), progress=f"step {step}: sampling",
+                             on_progress=clock.generation)
             budget.add(len(samples), samples.num_tokens)
             buffer, used = algo.prepare(samples), 0
         stats = algo.update(buffer, optimizer)
+        engine.sync_weights()  # the next rollouts and evaluations see this step
         used += 1
         r = samples.rewards
         record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
@@ -141,6 +164,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                   "response_length": samples.num_tokens / len(samples), **stats,
                   "seconds": time.perf_counter() - start, "samples": budget.samples, "tokens": budget.tokens}
         run.log(record, step)
+        clock.trained(record["seconds"], 1.0, "step")
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
             held_out(step)
         if step % cfg.checkpoint_every == 0:
@@ -154,6 +178,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     save_model(model, tokenizer, run.path / "final")
     summarize(run)
     run.close()
+    engine.close()
     scorer.close()
     env.close()
     return run.path

@@ -16,7 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_envs import BatchScorer, Example, Score, TaskEnv
-from trainers.generation import GenerationResult, generate
+from trainers.engines.base import Engine, Perturbation
+from trainers.generation import GenerationResult
 
 
 def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:
@@ -42,6 +43,12 @@ class Rollout:
         return self.generation.texts
 
     @property
+    def openings(self) -> list[str]:
+        """The opening of the assistant's turn each completion continues ("" for none): the scorer
+        saw ``openings[i] + texts[i]``."""
+        return [e.opening for e in self.examples]
+
+    @property
     def num_tokens(self) -> list[int]:
         return self.generation.num_tokens
 
@@ -55,8 +62,7 @@ class Rollout:
 
 
 def rollout(
-    model,
-    tokenizer,
+    engine: Engine,
     scorer: BatchScorer,
     examples: Sequence[Example],
     max_new_tokens: int,
@@ -65,16 +71,19 @@ def rollout(
     seed: int | None = None,
     samples: int = 1,
     top_p: float = 1.0,
-    progress: bool = False,
+    progress: bool | str = False,
     sort: bool = True,
+    on_progress: Callable[[float, int, float], None] | None = None,
+    perturbation: Perturbation | None = None,
 ) -> Rollout:
-    """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``),
-    scored by ``scorer`` (completions only, never the prompt). ``sort=False`` generates in the
-    given order (see ``generate``)."""
+    """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``) from
+    ``engine`` (under an ES ``perturbation`` when given), scored by ``scorer`` (each example's
+    opening + completion, never the user's prompt). ``sort=False`` generates in the given order;
+    ``progress`` and ``on_progress`` as in ``generate``."""
     start = time.perf_counter()
-    out = generate(model, tokenizer, [e.prompt for e in examples], max_new_tokens=max_new_tokens,
-                   batch_size=batch_size, temperature=temperature, top_p=top_p, seed=seed,
-                   num_return_sequences=samples, progress=progress, sort=sort)
+    out = engine.generate([e.prompt for e in examples], max_new_tokens=max_new_tokens, batch_size=batch_size,
+                          temperature=temperature, top_p=top_p, seed=seed, num_return_sequences=samples,
+                          progress=progress, sort=sort, on_progress=on_progress, perturbation=perturbation)
     per_completion = [e for e in examples for _ in range(samples)]
     scores = scorer.score_batch(out.texts, per_completion)
     return Rollout(per_completion, out, scores, time.perf_counter() - start)
@@ -85,16 +94,19 @@ def eval_examples(env: TaskEnv, split: str = "test", limit: int | None = None) -
     return list(env.examples(split))[:limit]
 
 
-def evaluate(model, tokenizer, scorer: BatchScorer, split: str = "test", max_new_tokens: int | None = None,
+def evaluate(engine: Engine, scorer: BatchScorer, split: str = "test", max_new_tokens: int | None = None,
              batch_size: int = 32, limit: int | None = None, rank: int = 0, world: int = 1,
-             all_sum: Callable[[np.ndarray], np.ndarray] | None = None) -> dict[str, float]:
+             all_sum: Callable[[np.ndarray], np.ndarray] | None = None, progress: bool | str = False,
+             on_progress: Callable[[float, int, float], None] | None = None) -> dict[str, float]:
     """Greedy pass@1 and mean reward on ``split`` (the paper's protocol).
 
     With ``world`` processes, each evaluates every ``world``-th example from ``rank`` and
-    ``all_sum`` (a sum across processes) combines the counts, so all get the same numbers."""
+    ``all_sum`` (a sum across processes) combines the counts, so all get the same numbers.
+    ``progress`` and ``on_progress`` as in ``generate``."""
     env = scorer.env
     examples = eval_examples(env, split, limit)
-    r = rollout(model, tokenizer, scorer, examples[rank::world], max_new_tokens or env.max_new_tokens, batch_size)
+    r = rollout(engine, scorer, examples[rank::world], max_new_tokens or env.max_new_tokens, batch_size,
+                progress=progress, on_progress=on_progress)
     sums = np.array([sum(bool(s.correct) for s in r.scores), sum(s.reward for s in r.scores), len(r.scores),
                      sum(r.num_tokens)], dtype=np.float64)
     if all_sum is not None:

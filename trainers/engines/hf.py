@@ -1,0 +1,61 @@
+"""The Hugging Face engine (``--engine hf``, the default): ``generate`` of the model itself.
+
+Perturbations act on the model: a full-rank member is written into its weights in place and
+restored exactly afterwards (``noise.perturb`` / ``noise.restore``); low-rank members are forward
+hooks that add each member's ``x E_k^T`` to its own rows (``lowrank.Population``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from trainers import lowrank, noise
+from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation
+from trainers.generation import GenerationResult, generate
+
+
+class HFEngine(Engine):
+    """``transformers`` generation on the model's own weights. ``compute_dtype`` other than the
+    weights' dtype generates under autocast (the RL policy: fp32 weights, bf16 compute on CUDA)."""
+
+    name = "hf"
+
+    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None):
+        super().__init__(model, tokenizer)
+        weights = next(model.parameters()).dtype
+        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
+        self.compute_dtype = compute_dtype if self.autocast else weights
+
+    def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
+                 perturbation: Perturbation | None = None) -> GenerationResult:
+        rows = len(prompts) * num_return_sequences
+        if isinstance(perturbation, LowRankMembers):  # the hooks need the member-major rows in one batch
+            batch_size, sort = max(1, rows), False
+        with self._perturbed(perturbation, rows), self._autocast():
+            return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
+                            temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                            num_return_sequences=num_return_sequences, progress=progress, sort=sort,
+                            min_new_tokens=min_new_tokens, on_progress=on_progress)
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _perturbed(self, p: Perturbation | None, rows: int):
+        if p is None:
+            yield
+        elif isinstance(p, FullRankMember):
+            patches = noise.perturb(p.params, p.seed, p.sigma, p.sign, p.shared)
+            try:
+                yield
+            finally:
+                noise.restore(p.params, p.seed, p.sigma, patches, p.sign, p.shared)
+        elif isinstance(p, LowRankMembers):
+            p.rows_per_member(rows)  # rows must be member-major, equally many per member
+            with lowrank.Population(p.layers, p.seeds, p.signs, p.sigma, p.rank).applied():
+                yield
+        else:
+            raise TypeError(f"unknown perturbation {type(p).__name__}")

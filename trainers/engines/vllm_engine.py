@@ -1,0 +1,287 @@
+"""The vLLM engine (``--engine vllm``): vLLM's scheduler and kernels, in this process, generating
+with the weights of the trainer's Hugging Face model.
+
+The engine starts from the model's config alone (dummy weights) and receives every weight from
+the model: at start, after each update (``sync_weights``) and around each full-rank member. It
+therefore always generates with the trainer's weights of record, whatever directory or
+checkpoint they came from.
+
+- **Weights go in through vLLM's own loader** (``model_runner.reload_weights``): HF-named tensors,
+  which it maps into its fused layout (q/k/v into ``qkv_proj``, gate/up into ``gate_up_proj``) and
+  repacks for its kernels (on CPU the packed weights are all the engine keeps).
+- **A full-rank member** (the paper's loop, as its reference code's vLLM path runs it): the
+  engine loads ``master + sign * sigma * eps_n``, computed tensor by tensor from the model's
+  parameters with the same seeds and per-tensor noise as the HF engine, generates every row, then
+  loads the master again. Restore writes the master back: nothing is subtracted, so the engine's
+  weights are the master bit for bit afterwards.
+- **Low-rank members**: every row of every member in one call; ``vllm_lowrank.py`` adds member
+  k's ``x E_k^T`` to the tokens of member k's requests inside vLLM's fused linear layers.
+- **No prefix caching**: cached keys and values belong to the weights that computed them, and
+  the weights change between calls (and between the members of one call).
+
+Memory: the engine holds a second copy of the weights in its dtype (4 bytes/parameter on CPU in
+fp32, 2 on CUDA in bf16) next to the trainer's model, plus its KV cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from trainers import noise
+from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation
+from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
+from trainers.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, stop_token_ids
+
+#: Longest prompt + completion the engine accepts (its KV cache must hold one such row).
+MAX_MODEL_LEN = 8192
+
+#: The live engine of this process. vLLM keeps its parallel groups and workspaces in module
+#: globals, which closing an engine tears down: one engine per process at a time.
+_live: VLLMEngine | None = None
+
+
+def import_vllm():
+    """vLLM, configured to run in this process; a one-line error naming the extra when it is missing."""
+    # In this process (no engine-core process): the engine's weights and batch state are reachable
+    # from here, which weight loading and the low-rank hooks need.
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up chatter would drown the run's output
+    if vllm_missing():
+        raise EngineUnavailable(vllm_missing())
+    import vllm
+
+    return vllm
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+    schedules_rows = True
+
+    def __init__(self, model, tokenizer, options: EngineOptions | None = None, compute_dtype: torch.dtype | None = None,
+                 **llm_options):
+        super().__init__(model, tokenizer)
+        options = options or EngineOptions(engine="vllm")
+        vllm = import_vllm()
+        global _live
+        if _live is not None:  # e.g. left by a run that ended in an exception
+            _live.close()
+        cuda = self.device.type == "cuda"
+        self.dtype = compute_dtype or next(model.parameters()).dtype
+        self.stops = stop_token_ids(tokenizer, model)
+        self._config_dir = tempfile.TemporaryDirectory(prefix="llm_envs_vllm_")
+        model.config.save_pretrained(self._config_dir.name)  # the architecture only: weights come from the model
+        self.max_model_len = min(MAX_MODEL_LEN, getattr(model.config, "max_position_embeddings", None) or MAX_MODEL_LEN)
+        kwargs = dict(model=self._config_dir.name, load_format="dummy", skip_tokenizer_init=True,
+                      dtype=self.dtype, seed=0, enable_prefix_caching=False, generation_config="vllm",
+                      max_model_len=self.max_model_len,
+                      enforce_eager=options.vllm_eager if options.vllm_eager is not None else not cuda,
+                      **llm_options)
+        self.eager = kwargs["enforce_eager"]
+        if cuda:
+            free, total = torch.cuda.mem_get_info(self.device)
+            kwargs["gpu_memory_utilization"] = options.vllm_gpu_memory or 0.5 * free / total
+        else:
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.vllm_kv_cache_gb)
+        try:
+            with _process_state_kept():
+                self.llm = vllm.LLM(**kwargs)
+        except Exception as exc:  # vLLM's own message names what it could not do (an architecture, memory)
+            raise EngineUnavailable(f"vLLM could not start for {type(model).__name__}: {_reason(exc)}") from exc
+        _live = self
+        self._sampling_params = vllm.SamplingParams
+        self._tokens_prompt = vllm.inputs.TokensPrompt
+        self.sync_weights()
+
+    # ----- weights ------------------------------------------------------------------------------
+
+    def sync_weights(self) -> None:
+        self._load((name, p.detach()) for name, p in self._named_parameters())
+
+    def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        return list(self.model.named_parameters())  # tied weights once, as vLLM's loader expects
+
+    def _load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Load HF-named tensors into the engine (cast to its dtype), one at a time."""
+        cast = ((name, t.to(self.dtype)) for name, t in weights)
+
+        def load(worker) -> None:
+            worker.model_runner.reload_weights(weights_iterator=cast)
+            _refresh_tied_head(worker.model_runner.get_model())
+
+        self._run(load)
+
+    def _run(self, fn):
+        """``fn(worker)`` on the engine's (in-process) worker."""
+        return self.llm.collective_rpc(fn)[0]
+
+    def _perturbed_weights(self, p: FullRankMember) -> Iterator[tuple[str, torch.Tensor]]:
+        """Every model tensor, the perturbed ones as the HF engine writes them: the master plus
+        sign * sigma * eps, rounded to the weight's dtype (``noise.perturb``)."""
+        ids = {id(t): i for i, t in enumerate(p.params.tensors)}
+        for name, t in self._named_parameters():
+            i = ids.get(id(t))
+            if i is None:
+                yield name, t.detach()
+                continue
+            yield name, noise.perturbed_tensor(p.params, i, p.seed, p.sigma, p.sign, p.shared)
+
+    @contextlib.contextmanager
+    def _perturbed(self, p: Perturbation | None, rows: int):
+        if p is None:
+            yield None
+        elif isinstance(p, FullRankMember):
+            self._load(self._perturbed_weights(p))
+            try:
+                yield None
+            finally:
+                self.sync_weights()  # restore: the master written back, never the noise subtracted
+        elif isinstance(p, LowRankMembers):
+            from trainers.engines.vllm_lowrank import LowRankHooks
+
+            per_member = p.rows_per_member(rows)
+            with LowRankHooks(self, p).applied():
+                yield [k // per_member for k in range(rows)]
+        else:
+            raise TypeError(f"unknown perturbation {type(p).__name__}")
+
+    # ----- generation ----------------------------------------------------------------------------
+
+    def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
+                 perturbation: Perturbation | None = None) -> GenerationResult:
+        check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
+        n = num_return_sequences
+        seeds = _row_seeds(seed if temperature > 0 else None, len(prompts) * n)
+        with self._perturbed(perturbation, len(prompts) * n) as members:
+            return self._complete(prompts, n, lambda k: self._sampling_params(
+                n=1, temperature=float(temperature), top_p=float(top_p) if temperature > 0 else 1.0,
+                top_k=int(top_k) if temperature > 0 and top_k > 0 else 0, max_tokens=max_new_tokens,
+                min_tokens=min(min_new_tokens, max_new_tokens), stop_token_ids=list(self.stops), ignore_eos=True,
+                seed=seeds[k], detokenize=False, extra_args={"member": members[k]} if members else None),
+                progress=progress, on_progress=on_progress)
+
+    def generate_with_adapters(self, prompts, max_new_tokens: int, adapters: Sequence, min_new_tokens: int = 0):
+        """Greedy completions, row k under LoRA adapter ``adapters[k]`` (a ``LoRARequest``; the
+        engine needs ``enable_lora=True``). The multi-LoRA route to low-rank members, which
+        ``benchmarks.es_speed`` measures against the hooks."""
+        return self._complete(prompts, 1, lambda k: self._sampling_params(
+            n=1, temperature=0.0, max_tokens=max_new_tokens, min_tokens=min(min_new_tokens, max_new_tokens),
+            stop_token_ids=list(self.stops), ignore_eos=True, detokenize=False), lora_request=list(adapters))
+
+    def _complete(self, prompts, n: int, params_of, progress: bool | str = False, on_progress=None,
+                  lora_request=None) -> GenerationResult:
+        """Each prompt ``n`` times (prompt-major, as the HF engine), row k with ``params_of(k)``;
+        completions cut at the first stop token and decoded as the HF engine does."""
+        start = time.perf_counter()
+        rows = [ids for ids in encode_prompts(self.tokenizer, list(prompts)) for _ in range(n)]
+        if not rows:
+            return GenerationResult([], [], [], [], [], 0.0)
+        longest = max(len(r) for r in rows) + params_of(0).max_tokens
+        if longest > self.max_model_len:
+            raise ValueError(f"a prompt of {longest - params_of(0).max_tokens} tokens plus {params_of(0).max_tokens} new "
+                             f"ones exceeds the vllm engine's {self.max_model_len}-token rows; use --engine hf")
+        outputs = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids) for ids in rows],
+                                    [params_of(k) for k in range(len(rows))],
+                                    use_tqdm=_progress_bar(progress, on_progress), lora_request=lora_request)
+        texts, counts, finished, token_ids = [], [], [], []
+        for out in outputs:
+            ids, done = cut_at_stop(list(out.outputs[0].token_ids), self.stops)
+            body = ids[:-1] if done else ids
+            texts.append(self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False))
+            counts.append(len(ids))
+            finished.append(done)
+            token_ids.append(ids)
+        seconds = time.perf_counter() - start
+        return GenerationResult(texts=texts, num_tokens=counts, finished=finished, token_ids=token_ids,
+                                prompt_tokens=[len(r) for r in rows], seconds=seconds, batches=1, timings=[seconds])
+
+    @property
+    def closed(self) -> bool:
+        return getattr(self, "llm", None) is None
+
+    def close(self) -> None:
+        global _live
+        if _live is self:
+            _live = None
+        llm, self.llm = getattr(self, "llm", None), None
+        if llm is not None:
+            with contextlib.suppress(Exception):
+                llm.llm_engine.engine_core.shutdown()
+            del llm
+        if getattr(self, "_config_dir", None) is not None:
+            self._config_dir.cleanup()
+            self._config_dir = None
+
+
+def _progress_bar(progress: bool | str, on_progress):
+    """What vLLM's ``use_tqdm`` takes: False, or a tqdm class named by ``progress`` (written to
+    nowhere when only ``on_progress`` listens) that tells ``on_progress(done, total, seconds)`` of
+    every finished row."""
+    if not progress and on_progress is None:
+        return False
+    from tqdm.auto import tqdm
+
+    class Bar(tqdm):
+        def __init__(self, *args, **kwargs):  # vLLM also wraps its request list in one (an iterable)
+            kwargs.pop("postfix", None)
+            kwargs.update(desc=progress if isinstance(progress, str) else "generate", unit="seq", leave=False)
+            super().__init__(*args, **kwargs, **({} if progress else {"file": open(os.devnull, "w")}))
+
+        def update(self, n=1):
+            super().update(n)
+            if on_progress is not None:
+                on_progress(self.n, self.total, self.format_dict["elapsed"])
+
+    return Bar
+
+
+def _refresh_tied_head(model) -> None:
+    """Re-prepare an output head tied to the input embeddings. The loader reloads the shared
+    tensor but not the head's own kernel state (on CPU, a packed copy of the weights), so a
+    tied head would keep computing logits with the weights of the first load."""
+    head = getattr(model, "lm_head", None)
+    if head is None or getattr(head, "quant_method", None) is None:
+        return
+    if not any(name.startswith("lm_head.") for name, _ in model.named_parameters()):  # tied: listed once, elsewhere
+        head.quant_method.process_weights_after_loading(head)
+
+
+@contextlib.contextmanager
+def _process_state_kept():
+    """Leave this process as vLLM's start found it: its global random states (vLLM seeds them),
+    torch's thread count and ``torch.set_num_threads`` itself (vLLM's CPU worker replaces it with
+    a no-op for the whole process)."""
+    import random
+
+    py, np_state = random.getstate(), np.random.get_state()
+    set_threads, threads = torch.set_num_threads, torch.get_num_threads()
+    try:
+        with torch.random.fork_rng(devices=range(torch.cuda.device_count()) if torch.cuda.is_available() else []):
+            yield
+    finally:
+        random.setstate(py)
+        np.random.set_state(np_state)
+        torch.set_num_threads = set_threads
+        torch.set_num_threads(threads)
+
+
+def _reason(exc: BaseException) -> str:
+    """The informative line of an exception's message (pydantic puts a header line first)."""
+    lines = [line.strip() for line in str(exc).splitlines()
+             if line.strip() and "validation error for" not in line and not line.strip().startswith("For further")]
+    return lines[0] if lines else type(exc).__name__
+
+
+def _row_seeds(seed: int | None, rows: int) -> Sequence[int | None]:
+    """One sampling seed per row, derived from the call's seed (reproducible calls), or none."""
+    if seed is None:
+        return [None] * rows
+    state = np.random.SeedSequence([int(seed), rows]).generate_state(rows, np.uint32)
+    return [int(s) for s in state]
