@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.util
 import json
 import subprocess
 import sys
@@ -44,7 +43,7 @@ import torch
 import llm_envs
 from trainers import es, lowrank, noise
 from trainers.config import Parser, build_config
-from trainers.engines import ENGINES, EngineOptions, make_engine
+from trainers.engines import ENGINES, EngineOptions, make_engine, vllm_missing
 from trainers.engines.base import FullRankMember
 from trainers.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 
@@ -268,7 +267,7 @@ def run_case(case: str, argv: list[str]) -> dict:
 
 def parse(argv: list[str] | None):
     parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    installed = [e for e in ENGINES if e == "hf" or importlib.util.find_spec(e) is not None]
+    installed = ["hf", *["vllm"] * (vllm_missing() is None)]
     parser.add_argument("--engine", nargs="+", default=installed, choices=ENGINES,
                         help="engines to measure side by side (default: every installed one)")
     parser.add_argument("--model", default=DEFAULT_MODEL)

@@ -47,8 +47,9 @@ from tqdm import tqdm
 
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
-from trainers.config import USER_ERRORS, ConfigError, build_config, check, env_kwargs, fail, make_env, parse_config
-from trainers.engines import EngineOptions
+from trainers.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, env_kwargs, fail, make_env,
+                             parse_config)
+from trainers.engines import ENGINE_FIELDS, EngineOptions
 from trainers.models import resolve_device
 from trainers.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.splits import MIN_VALIDATION, VALIDATION
@@ -59,7 +60,7 @@ LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "G
           "ppo": "PPO"}
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "grad_accum", "vllm_gpu_memory", "vllm_kv_cache_gb", "vllm_eager")
+INVOCATION = ("device", "grad_accum", *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
 @dataclass
@@ -132,10 +133,7 @@ class StudyConfig(EngineOptions):
         check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
         env_kwargs(self.env_args)
-        try:
-            self.check_engine_options()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_engine(self)
         if self.metric is None:
             self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
         if self.kl_samples is None:
@@ -234,8 +232,7 @@ def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
 def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
             "--max-samples", str(cfg.max_samples), "--batch-size", str(prompts), "--eval-every", "0", *validation]
-    for name in ("max_new_tokens", "eval_limit", "env_args", "device", "engine", "vllm_gpu_memory", "vllm_kv_cache_gb",
-                 "vllm_eager"):
+    for name in ("max_new_tokens", "eval_limit", "env_args", "device", *ENGINE_FIELDS):
         if getattr(cfg, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
     steps = cfg.max_samples // per_step(cfg, run.method, prompts)

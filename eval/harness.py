@@ -31,7 +31,7 @@ import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
-from trainers.config import ConfigError, check, env_kwargs, make_env
+from trainers.config import ConfigError, check, check_engine, env_kwargs, make_env
 from trainers.engines import EngineOptions, make_engine
 from trainers.generation import encode_prompts
 from trainers.models import model_fingerprint, resolve_device, resolve_dtype
@@ -85,10 +85,7 @@ class EvalConfig(EngineOptions):
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
-        try:
-            self.check_engine_options()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_engine(self)
 
     @property
     def tag(self) -> str:

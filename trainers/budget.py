@@ -18,6 +18,10 @@ class Budget:
     def allows(self, responses: int) -> bool:
         return self.max_samples is None or self.samples + responses <= self.max_samples
 
+    def steps_left(self, wanted: int, per_step: int) -> int:
+        """How many of ``wanted`` more steps of ``per_step`` responses each fit within the cap."""
+        return wanted if self.max_samples is None else min(wanted, (self.max_samples - self.samples) // per_step)
+
     def add(self, responses: int, tokens: int) -> None:
         self.samples += int(responses)
         self.tokens += int(tokens)

@@ -152,6 +152,14 @@ def check(condition: bool, name: str, message: str) -> None:
         raise ConfigError(f"{_flag(name)}: {message}")
 
 
+def check_engine(options: EngineOptions) -> None:
+    """``options.check_engine_options()``, its error a ``ConfigError`` (options.py is a leaf module)."""
+    try:
+        options.check_engine_options()
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
 def env_kwargs(env_args: str | None) -> dict[str, Any]:
     """The environment options of ``--env-args`` (a JSON object), or ``{}``."""
     if env_args is None:
@@ -227,10 +235,7 @@ class TrainConfig(EngineOptions):
         check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
-        try:
-            self.check_engine_options()
-        except ValueError as exc:
-            raise ConfigError(str(exc)) from None
+        check_engine(self)
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers import distributed, lowrank, noise
+from trainers.budget import Budget
 from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
 from trainers.engines import make_engine
 from trainers.engines.base import Engine, FullRankMember, LowRankMembers
@@ -338,9 +339,10 @@ def train(cfg: ESConfig) -> Path:
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
-    if cfg.max_samples is not None and cfg.max_samples < cfg.population * per_iteration:
+    per_step = cfg.population * per_iteration  # responses one iteration generates
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
-                          f"{per_iteration} prompts = {cfg.population * per_iteration} responses")
+                          f"{per_iteration} prompts = {per_step} responses")
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
@@ -366,8 +368,8 @@ def train(cfg: ESConfig) -> Path:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
         say(f"resumed {run.path} after iteration {done} (weights from {'checkpoint ' + str(ckpts[-1]) if ckpts else 'the base model'})")
-    samples = updates[-1]["samples"] if updates else 0
-    total_tokens = updates[-1].get("tokens", 0) if updates else 0
+    budget = Budget(cfg.max_samples, updates[-1]["samples"], updates[-1].get("tokens", 0)) if updates \
+        else Budget(cfg.max_samples)
 
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
     mode += f", {dist.world} processes" if dist.world > 1 else ""
@@ -384,9 +386,7 @@ def train(cfg: ESConfig) -> Path:
     evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
         if cfg.resume else set()
 
-    left = cfg.iterations - done  # iterations this invocation will run, within the sample budget
-    if cfg.max_samples is not None:
-        left = min(left, (cfg.max_samples - samples) // (cfg.population * per_iteration))
+    left = budget.steps_left(cfg.iterations - done, per_step)  # iterations this invocation will run
     members = len(range(dist.rank, cfg.population, dist.world))  # this process's share, as for eval_rows
     eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // dist.world)
     clock = es_clock(cfg, say, next(model.parameters()).device.type, left, members, per_iteration, eval_rows,
@@ -405,19 +405,14 @@ def train(cfg: ESConfig) -> Path:
         dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
         return record
 
-    per_step = cfg.population * per_iteration  # responses one iteration generates
-
-    def fits() -> bool:  # a run never exceeds --max-samples: an iteration starts only if it fits whole
-        return cfg.max_samples is None or samples + per_step <= cfg.max_samples
-
     if done == 0:
         held_out(0)
     last = done
     bar = tqdm(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, disable=not dist.is_main,
                desc="ES", dynamic_ncols=True)
     for it in bar:
-        if not fits():
-            say(f"sample budget reached: {samples} responses, and one more iteration ({per_step}) would exceed "
+        if not budget.allows(per_step):  # a run never exceeds --max-samples: only whole iterations start
+            say(f"sample budget reached: {budget.samples} responses, and one more iteration ({per_step}) would exceed "
                 f"--max-samples {cfg.max_samples}")
             break
         start = time.perf_counter()
@@ -433,20 +428,20 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
             update_weights(cfg, params, layers, upd_seeds, coefs)
             engine.sync_weights()
-        samples += per_step
-        total_tokens += int(tokens.sum())
+        budget.add(per_step, tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
                   "accuracy": float(accuracy.mean()), "skipped": z is None, "seconds": time.perf_counter() - start,
-                  "tokens": total_tokens, "tokens_iteration": int(tokens.sum()), "samples": samples}
+                  "tokens": budget.tokens, "tokens_iteration": int(tokens.sum()), "samples": budget.samples}
         run.log(record, it)
         last = it
-        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and fits():
+        if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and budget.allows(per_step):
             held_out(it)
         if dist.is_main:  # the update record is what resume replays: written once the iteration is whole
             with open(updates_path, "a") as f:
                 f.write(json.dumps({"iteration": it, "seeds": upd_seeds, "coefficients": coefs, "skipped": z is None,
-                                    "rewards": rewards.tolist(), "samples": samples, "tokens": total_tokens}) + "\n")
+                                    "rewards": rewards.tolist(), "samples": budget.samples,
+                                    "tokens": budget.tokens}) + "\n")
                 f.flush()
                 os.fsync(f.fileno())
             if it % cfg.checkpoint_every == 0:

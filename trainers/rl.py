@@ -119,9 +119,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {min(cfg.batch_size, len(train_examples))} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}")
 
-    left = cfg.steps - done  # steps this invocation will run, within the sample budget
-    if cfg.max_samples is not None:
-        left = min(left, (cfg.max_samples - budget.samples) // per_step)
+    left = budget.steps_left(cfg.steps - done, per_step)  # steps this invocation will run
     eval_rows = len(eval_examples(env, cfg.eval_split, cfg.eval_limit))
     clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, per_step // cfg.group_size, eval_rows,
                      evaluations_left(done, done + left, cfg.eval_every))

@@ -73,7 +73,7 @@ def floats(text: str) -> list[float]:
 
 def parse(argv: list[str] | None):
     parser = Parser(description=__doc__.split("\n\n")[0], epilog="Other flags go to the trainer.",
-                                     allow_abbrev=False)  # --lr must not read as --lrs
+                    allow_abbrev=False)  # --lr must not read as --lrs
     parser.add_argument("algorithm", choices=ALGORITHMS)
     parser.add_argument("--betas", type=floats, default=[1e-3, 5e-3], help="KL coefficients (default: 1e-3,5e-3)")
     parser.add_argument("--lrs", type=floats, default=[1e-6, 1e-5], help="learning rates (default: 1e-6,1e-5)")

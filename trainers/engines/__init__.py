@@ -11,9 +11,9 @@ that choose and size it; every command that generates has them (``--engine``, ``
 
 from __future__ import annotations
 
-from trainers.engines.options import ENGINES, EngineOptions, EngineUnavailable, vllm_missing
+from trainers.engines.options import ENGINE_FIELDS, ENGINES, EngineOptions, EngineUnavailable, vllm_missing
 
-__all__ = ["ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
+__all__ = ["ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
 
 
 def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):

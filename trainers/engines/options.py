@@ -4,7 +4,7 @@ inherit ``EngineOptions``, so it imports nothing of the project)."""
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 ENGINES = ("hf", "vllm")
 
@@ -51,4 +51,8 @@ class EngineOptions:
 
     def engine_options(self) -> EngineOptions:
         """Just the engine options (of a config that has more fields)."""
-        return EngineOptions(self.engine, self.vllm_gpu_memory, self.vllm_kv_cache_gb, self.vllm_eager)
+        return EngineOptions(**{name: getattr(self, name) for name in ENGINE_FIELDS})
+
+
+#: The fields of ``EngineOptions``: what a config that inherits it passes on to an engine or a trainer.
+ENGINE_FIELDS = tuple(f.name for f in fields(EngineOptions))

@@ -183,10 +183,10 @@ class VLLMEngine(Engine):
         rows = [ids for ids in encode_prompts(self.tokenizer, list(prompts)) for _ in range(n)]
         if not rows:
             return GenerationResult([], [], [], [], [], 0.0)
-        longest = max(len(r) for r in rows) + params_of(0).max_tokens
-        if longest > self.max_model_len:
-            raise ValueError(f"a prompt of {longest - params_of(0).max_tokens} tokens plus {params_of(0).max_tokens} new "
-                             f"ones exceeds the vllm engine's {self.max_model_len}-token rows; use --engine hf")
+        new, longest = params_of(0).max_tokens, max(len(r) for r in rows)
+        if longest + new > self.max_model_len:
+            raise ValueError(f"a prompt of {longest} tokens plus {new} new ones exceeds the vllm engine's "
+                             f"{self.max_model_len}-token rows; use --engine hf")
         outputs = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids) for ids in rows],
                                     [params_of(k) for k in range(len(rows))],
                                     use_tqdm=_progress_bar(progress, on_progress), lora_request=lora_request)
