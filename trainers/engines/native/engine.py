@@ -1,0 +1,181 @@
+"""The native engine's scheduler: rows in waves that fit in memory, each wave prefilled once and
+decoded step by step, finished rows leaving the batch."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import torch
+
+from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation, written_into_weights
+from trainers.engines.native.model import Decoder, unsupported
+from trainers.engines.native.rows import RowNoise
+from trainers.engines.native.sampler import Sampler
+from trainers.engines.options import EngineUnavailable
+from trainers.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, progress_bar,
+                                 result_of, rows_that_fit, stop_token_ids)
+
+
+class NativeEngine(Engine):
+    """``--engine native``: a decode loop over the model's own modules (Llama, SmolLM, Qwen2).
+
+    ``compact``: finished rows leave the batch (off only in tests, to compare)."""
+
+    name = "native"
+    schedules_rows = True
+
+    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None, compact: bool = True):
+        super().__init__(model, tokenizer)
+        why = unsupported(model)
+        if why:
+            raise EngineUnavailable(why)
+        self.decoder = Decoder(model)
+        self.stops = stop_token_ids(tokenizer, model)
+        self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
+        weights = next(model.parameters()).dtype
+        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
+        self.compute_dtype = compute_dtype if self.autocast else weights
+        self.compact = compact
+
+    def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
+                 num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
+                 perturbation: Perturbation | None = None) -> GenerationResult:
+        check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
+        start = time.perf_counter()
+        n = num_return_sequences
+        rows = [ids for ids in encode_prompts(self.tokenizer, list(prompts)) for _ in range(n)]
+        if not rows:
+            return GenerationResult([], [], [], [], [], 0.0)
+        members = None
+        if isinstance(perturbation, LowRankMembers):
+            per = perturbation.rows_per_member(len(rows))
+            members = torch.arange(len(rows), device=self.device) // per
+        # Waves: as many rows as fit in memory, longest prompts together (little padding).
+        longest = max(len(r) for r in rows)
+        cap = rows_that_fit(self.model, longest + max_new_tokens)
+        order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
+        waves = [order[k:k + cap] for k in range(0, len(order), cap)]
+        gen = None
+        if temperature > 0 and seed is not None:
+            gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        sampler = Sampler(float(temperature), float(top_p), int(top_k), gen)
+        tracker = _Progress(progress_bar(len(rows), progress), on_progress, len(rows), max_new_tokens)
+        out: list[tuple[list[int], bool] | None] = [None] * len(rows)
+        timings = []
+        try:
+            with self._perturbed(perturbation) as noise, self._autocast(), torch.inference_mode():
+                for wave in waves:
+                    t0 = time.perf_counter()
+                    wave_members = None if members is None else members[torch.tensor(wave, device=self.device)]
+                    generated = self._wave([rows[k] for k in wave], wave_members, noise, sampler, max_new_tokens,
+                                           min(min_new_tokens, max_new_tokens), tracker)
+                    for k, ids in zip(wave, generated):
+                        out[k] = cut_at_stop(ids, self.stops)
+                    timings.append(time.perf_counter() - t0)
+        finally:
+            tracker.close()
+        return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings)
+
+    def _wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
+              max_new: int, min_new: int, tracker: _Progress) -> list[list[int]]:
+        """Generate every row of one wave: one prefill of the left-padded prompts, then one decode
+        step per token for the rows still live. Returns each row's ``max_new`` slots of ids (what
+        follows a stop token is left as it was: ``cut_at_stop`` drops it)."""
+        dev, slots = self.device, len(rows)
+        width = max(len(r) for r in rows)
+        ids = torch.full((slots, width), self.pad, dtype=torch.long)
+        valid = torch.zeros((slots, width), dtype=torch.bool)
+        for s, r in enumerate(rows):
+            if r:
+                ids[s, width - len(r):] = torch.tensor(r)
+                valid[s, width - len(r):] = True
+        ids, valid = ids.to(dev), valid.to(dev)
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        length = width + max_new
+        cache, rope = self.decoder.cache(slots, length), self.decoder.rope(length)
+        # Prefill mask: causal over real tokens; a pad token sees itself, so no row of softmax is empty.
+        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
+        eye = torch.eye(width, dtype=torch.bool, device=dev)
+        prefill_mask = (causal & valid[:, None, :]) | eye
+        # Decode mask, additive: pad columns -inf, every later column open (every live row writes it).
+        columns = torch.zeros(slots, length, dtype=cache.k.dtype, device=dev)
+        columns[:, :width].masked_fill_(~valid, float("-inf"))
+        if noise is not None:
+            noise.select(members)
+        logits = self.decoder.forward(ids, positions, rope, cache, 0, prefill_mask[:, None], noise)
+
+        stops = torch.tensor(self.stops, device=dev)
+        slot_row = torch.arange(slots, device=dev)  # which row each live slot holds
+        pos = valid.sum(-1)  # each row's next position
+        generated = torch.full((slots, max_new), self.pad, dtype=torch.long, device=dev)
+        live = slots
+        for step in range(max_new):
+            tok = sample(logits, stops if step < min_new else None)
+            generated[slot_row[:live], step] = tok
+            tracker.step(slots, live, step + 1)
+            if step == max_new - 1:
+                break
+            done = torch.isin(tok, stops)
+            if self.compact and bool(done.any()):
+                keep = ~done
+                live = int(keep.sum())
+                if live == 0:
+                    break
+                holes = (~keep[:live]).nonzero().squeeze(1)  # finished slots among the first `live`
+                movers = keep[live:].nonzero().squeeze(1) + live  # live slots beyond them
+                cache.move(holes, movers, width + step)
+                for t in (slot_row, pos, columns, tok):
+                    t[holes] = t[movers]
+                if members is not None:
+                    members[holes] = members[movers]
+                tok = tok[:live]
+                if noise is not None:
+                    noise.select(members[:live])
+            column = width + step
+            logits = self.decoder.forward(tok[:, None], pos[:live, None], rope, cache, column,
+                                          columns[:live, None, None, :column + 1], noise)
+            pos[:live] += 1
+        tracker.wave_done(slots)
+        return generated.tolist()
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
+
+    @contextlib.contextmanager
+    def _perturbed(self, p: Perturbation | None):
+        if p is None:
+            yield None
+        elif isinstance(p, FullRankMember):
+            with written_into_weights(p):
+                yield None
+        elif isinstance(p, LowRankMembers):
+            yield RowNoise(p, self.decoder.layers, self.compute_dtype)
+        else:
+            raise TypeError(f"unknown perturbation {type(p).__name__}")
+
+
+class _Progress:
+    """Rows done for the bar and ``on_progress(done, total, seconds)``: finished waves whole, the
+    current wave's rows by the share of ``max_new`` tokens generated (an upper bound on the ETA)."""
+
+    def __init__(self, bar, on_progress, total: int, max_new: int):
+        self.bar, self.on_progress, self.total, self.max_new = bar, on_progress, total, max_new
+        self.start, self.done = time.perf_counter(), 0.0
+
+    def step(self, rows: int, live: int, steps: int) -> None:
+        self._report(self.done + rows - live + live * steps / self.max_new)
+
+    def wave_done(self, rows: int) -> None:
+        self.done += rows
+        self._report(self.done)
+
+    def _report(self, done: float) -> None:
+        if self.bar is not None:
+            self.bar.update(max(0.0, done - self.bar.n))
+        if self.on_progress is not None:
+            self.on_progress(done, self.total, time.perf_counter() - self.start)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()

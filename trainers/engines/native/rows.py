@@ -1,0 +1,78 @@
+"""Low-rank members inside the native decoder, with per-row factors.
+
+Member k perturbs a weight W by ``sign_k * sigma * A_k B_k^T / sqrt(R)`` (``trainers/lowrank.py``,
+whose ``Population`` draws the factors, so every engine sees the same members). The decoder asks
+``add(layer, group, x, outs)`` after each group of products that share an input x (q/k/v,
+o, gate/up, down) and every live row gets its own member's correction
+
+    out_j += (x B_group)[:, cols_j] A_j^T        (sign and sigma / sqrt(R) folded into A_j)
+
+The factors of a group's projections are concatenated, so ``x B_group`` is one batched product
+for the whole group. Rows leave the batch as they finish, so rows are not grouped by member:
+``select`` names each live row's member, the factors are gathered per row at each product, and
+the products are batched over rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainers.lowrank import ELEMENTWISE_MAX_RANK, Population
+
+#: The projections of a decoder layer, by the input they share.
+GROUPS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
+          "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+
+
+@dataclass
+class _Group:
+    Bt: torch.Tensor  # (members, g * R, d_in): the perturbed projections' B^T stacked
+    At: list[torch.Tensor | None]  # per projection of the group: (members, R, d_out), or None if not perturbed
+    rank: int
+
+
+class RowNoise:
+    """The factors of ``LowRankMembers`` on a decoder's layers, ready to be added per row."""
+
+    def __init__(self, members, decoder_layers, dtype: torch.dtype):
+        pop = Population(members.layers, members.seeds, members.signs, members.sigma, members.rank, dtype)
+        by_module = {id(layer.module): i for i, layer in enumerate(pop.layers)}
+        self.groups: dict[tuple[int, str], _Group] = {}
+        for li, block in enumerate(decoder_layers):
+            for key, names in GROUPS.items():
+                index = [by_module.get(id(block.get_submodule(name))) for name in names]
+                if all(i is None for i in index):
+                    continue
+                Bt = torch.cat([pop.B[i].transpose(1, 2) for i in index if i is not None], dim=1).contiguous()
+                self.groups[li, key] = _Group(Bt, [None if i is None else pop.At[i] for i in index], members.rank)
+        if len(self.groups) == 0 or sum(g.Bt.shape[1] for g in self.groups.values()) != members.rank * len(pop.layers):
+            raise ValueError("--engine native: the low-rank layers are not all q/k/v/o/gate/up/down projections of "
+                             "the decoder's layers; use --engine hf")
+        self.members = torch.zeros(0, dtype=torch.long)
+
+    def select(self, members: torch.Tensor) -> None:
+        """The live rows are now of members ``members`` (one index per row, in slot order)."""
+        self.members = members
+
+    def add(self, layer: int, group: str, x: torch.Tensor, outs: tuple[torch.Tensor, ...]) -> None:
+        """Add each row's member correction to ``outs (rows, T, d_out)`` in place; their input is
+        ``x (rows, T, d_in)``. The live rows' factors are gathered here, per product: holding them
+        per row for a whole call would cost (rows / members) times the population's factors."""
+        g = self.groups.get((layer, group))
+        if g is None:
+            return
+        Bt = g.Bt.index_select(0, self.members)
+        xb = torch.bmm(Bt, x.to(Bt.dtype).transpose(1, 2))  # (rows, g * R, T): this layout was the fastest on CPU
+        col, r = 0, g.rank
+        for out, a in zip(outs, g.At):
+            if a is None:
+                continue
+            a = a.index_select(0, self.members).to(out.dtype)  # (rows, R, d_out)
+            if r <= ELEMENTWISE_MAX_RANK:  # rank-1 updates: several times faster than bmm with R columns on CPU
+                for c in range(r):
+                    out.addcmul_(xb[:, col + c, :, None].to(out.dtype), a[:, c:c + 1])
+            else:
+                out.baddbmm_(xb[:, col:col + r].transpose(1, 2).to(out.dtype), a)
+            col += r
