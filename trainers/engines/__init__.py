@@ -13,9 +13,9 @@ that choose and size it; every command that generates has them (``--engine``, ``
 
 from __future__ import annotations
 
-from trainers.engines.options import ENGINE_FIELDS, ENGINES, EngineOptions, EngineUnavailable, vllm_missing
+from trainers.engines.options import AUTO, ENGINE_FIELDS, ENGINES, EngineOptions, EngineUnavailable, vllm_missing
 
-__all__ = ["ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
+__all__ = ["AUTO", "ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
 
 
 def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
@@ -24,6 +24,8 @@ def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=No
     if isinstance(options, str):
         options = EngineOptions(engine=options)
     options.check_engine_options()
+    if options.engine == AUTO:
+        raise ValueError("--engine auto is ES's choice of engine: resolve it first (trainers.es.engine_for)")
     if options.engine == "hf":
         from trainers.engines.hf import HFEngine
 

@@ -8,6 +8,9 @@ from dataclasses import dataclass, field, fields
 
 ENGINES = ("hf", "vllm", "native")
 
+#: ES's default engine: native for low-rank noise on a model it runs, hf otherwise (``es.engine_for``).
+AUTO = "auto"
+
 
 class EngineUnavailable(RuntimeError):
     """The chosen engine cannot run here (a missing package, an unsupported setting)."""
@@ -41,7 +44,7 @@ class EngineOptions:
 
     def check_engine_options(self) -> None:
         """Raise ``ValueError`` naming the flag of a bad engine option."""
-        if self.engine not in ENGINES:
+        if self.engine not in ENGINES and self.engine != AUTO:
             raise ValueError(f"--engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
         if self.vllm_gpu_memory is not None and not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory: must be in (0, 1], got {self.vllm_gpu_memory}")
