@@ -68,7 +68,7 @@ def test_a_missing_vllm_is_a_one_line_error_naming_the_extra(monkeypatch, capsys
 
 
 @pytest.mark.parametrize("values, message", [
-    ({"engine": "sglang"}, "--engine: 'sglang' is not one of hf, vllm"),
+    ({"engine": "sglang"}, "--engine: 'sglang' is not one of auto, hf, vllm, native"),
     ({"vllm_gpu_memory": 1.5}, "--vllm-gpu-memory: must be in (0, 1]"),
     ({"vllm_kv_cache_gb": 0}, "--vllm-kv-cache-gb: must be >= 1"),
 ])

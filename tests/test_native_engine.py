@@ -198,6 +198,25 @@ def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
         assert "engine: native" in (run / "config.yaml").read_text()
 
 
+def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
+    import eval.__main__ as cli
+    from test_engines import log_of
+
+    from trainers import grpo
+
+    run = tmp_path / "grpo"
+    grpo.main(["--env", "tests.toy_envs:Letter-v0", "--model", str(tiny_model_dir), "--out", str(run), "--steps", "2",
+               "--batch-size", "2", "--group-size", "4", "--lr", "1e-2", "--max-new-tokens", "6", "--eval-every", "0",
+               "--engine", "native"])
+    assert [r["iteration"] for r in log_of(run) if "reward_mean" in r] == [1, 2]
+    args = ["--env", "Conciseness-v0", "--model", str(tiny_model_dir), "--max-new-tokens", "8",
+            "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [hf] = cli.main(args)
+    [native] = cli.main([*args, "--engine", "native"])
+    assert not native["cached"] and native["engine"] == "native"  # another engine, another cache key
+    assert native["pass@1"] == hf["pass@1"] and native["reward_mean"] == hf["reward_mean"]
+
+
 def test_es_defaults_to_the_native_engine_for_low_rank_noise_where_it_runs(tiny_model, tiny_tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
