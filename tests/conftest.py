@@ -76,6 +76,22 @@ def build_tiny_model(tokenizer, seed: int = 0, head_dim: int = 16):
     return model.eval()
 
 
+def build_tiny_qwen2(tokenizer, hidden_size: int = 64):
+    """A tiny Qwen2 (q/k/v biases, untied head), every parameter biases included drawn N(0, 0.1)
+    so that the biases matter."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(1)
+        model = Qwen2ForCausalLM(config).eval()
+        for p in model.parameters():
+            p.data.normal_(0, 0.1)
+    return model
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer():
     return build_tiny_tokenizer()

@@ -23,7 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 import llm_envs
-from conftest import build_tiny_model
+from conftest import build_tiny_model, build_tiny_qwen2
 from trainers import es, grpo, lowrank, noise
 from trainers.config import ConfigError, build_config
 from trainers.engines import make_engine
@@ -46,9 +46,10 @@ def agreement(a, b) -> float:
     return sum(x == y for x, y in zip(a.token_ids, b.token_ids)) / len(a.token_ids)
 
 
-def assert_agree(a, b, what: str) -> None:
+def assert_agree(a, b, what: str, engine: str = "vllm") -> None:
+    """``b`` (from ``engine``) gives ``a``'s (HF's) tokens on at least ``AGREEMENT`` of the rows; prints the rate."""
     rate = agreement(a, b)
-    print(f"{what}: vllm = hf on {rate:.0%} of {len(a.token_ids)} rows (tolerance {AGREEMENT:.0%})")
+    print(f"{what}: {engine} = hf on {rate:.0%} of {len(a.token_ids)} rows (tolerance {AGREEMENT:.0%})")
     assert rate >= AGREEMENT, f"{what}: only {rate:.0%} of rows agree"
 
 
@@ -223,16 +224,7 @@ def test_low_rank_members_in_one_call_equal_hf(vllm_tiny, tiny_tokenizer):
 @needs_vllm
 def test_low_rank_members_on_a_qwen2_layout(tiny_tokenizer):
     """Qwen2's q/k/v have biases and other sizes; its fused layers are split the same way."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=len(tiny_tokenizer), hidden_size=128, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, eos_token_id=tiny_tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = Qwen2ForCausalLM(config).eval()
-        for p in model.parameters():
-            p.data.normal_(0, 0.1)
+    model = build_tiny_qwen2(tiny_tokenizer, hidden_size=128)  # head size 32, which vLLM's CPU attention supports
     members = LowRankMembers(lowrank.select_layers(model, None, 1), [4, 5], [1.0, 1.0], SIGMA, 1)
     rows = PROMPTS[:4] * 2
     hf = make_engine("hf", model, tiny_tokenizer)

@@ -4,7 +4,8 @@ decoding: unperturbed, low-rank members and full-rank members, on a tiny Llama, 
 changing any row's output, and rows that do not fit in memory at once run in waves.
 
 Tolerance: greedy argmax can flip on a near-tie when two engines sum the same products in another
-order, so equivalence is asserted at ``AGREEMENT`` of the rows and each test prints its rate.
+order, so equivalence is asserted at ``test_engines.AGREEMENT`` (95%) of the rows and each test
+prints its rate.
 Every rate measured so far is 1.0: the tiny models here, the default model on 12 Conciseness and
 Countdown prompts x 24 tokens, and 64 low-rank rows of Countdown x up to 256 tokens
 (``benchmarks.es_speed``'s shapes).
@@ -17,47 +18,22 @@ import copy
 import pytest
 import torch
 
-import llm_envs
-from conftest import build_tiny_model
+import test_engines as shared
+from conftest import build_tiny_model, build_tiny_qwen2
+from test_engines import PROMPTS, SIGMA, agreement, es_args, log_of
 from trainers import es, lowrank, noise
 from trainers.engines import EngineUnavailable, make_engine
 from trainers.engines.base import FullRankMember, LowRankMembers
 from trainers.engines.native import NativeEngine
 
-AGREEMENT = 0.95
-SIGMA = 0.05  # a tiny random model's greedy text must change under the perturbation
-PROMPTS = [e.prompt for env in ("Conciseness-v0", "Countdown-v0") for e in llm_envs.make(env).examples("test")[:6]]
-
-
-def agreement(a, b) -> float:
-    assert len(a.token_ids) == len(b.token_ids)
-    return sum(x == y for x, y in zip(a.token_ids, b.token_ids)) / len(a.token_ids)
-
-
 def assert_agree(a, b, what: str) -> None:
-    rate = agreement(a, b)
-    print(f"{what}: native = hf on {rate:.0%} of {len(a.token_ids)} rows (tolerance {AGREEMENT:.0%})")
-    assert rate >= AGREEMENT, f"{what}: only {rate:.0%} of rows agree"
+    shared.assert_agree(a, b, what, "native")
     assert a.prompt_tokens == b.prompt_tokens
-
-
-def tiny_qwen2(tokenizer):
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                         tie_word_embeddings=False, eos_token_id=tokenizer.eos_token_id)
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(1)
-        model = Qwen2ForCausalLM(config).eval()
-        for p in model.parameters():
-            p.data.normal_(0, 0.1)  # biases included: Qwen2's q/k/v biases must matter
-    return model
 
 
 @pytest.fixture(scope="module", params=["llama", "qwen2"])
 def tiny(request, tiny_tokenizer):
-    model = build_tiny_model(tiny_tokenizer) if request.param == "llama" else tiny_qwen2(tiny_tokenizer)
+    model = build_tiny_model(tiny_tokenizer) if request.param == "llama" else build_tiny_qwen2(tiny_tokenizer)
     return request.param, model
 
 
@@ -188,8 +164,6 @@ def test_progress_is_reported_to_the_end(tiny_model, tiny_tokenizer):
 
 
 def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
-    from test_engines import es_args, log_of
-
     for mode in ("lowrank", "full"):
         run = tmp_path / mode
         es.main([*es_args(tiny_model_dir, run, "--noise", mode), "--engine", "native"])
@@ -200,8 +174,6 @@ def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
 
 def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
     import eval.__main__ as cli
-    from test_engines import log_of
-
     from trainers import grpo
 
     run = tmp_path / "grpo"
