@@ -1,5 +1,5 @@
 """ES iteration speed and memory, measured side by side in one run on the same model, population,
-prompts and generated lengths, for each generation engine (``--engine hf vllm``):
+prompts and generated lengths, for each generation engine (``--engine hf native vllm``):
 
     (a) full     the paper's iteration: members one after another (perturb, generate the prompts,
                  restore), then the update
@@ -16,14 +16,15 @@ prompts and generated lengths, for each generation engine (``--engine hf vllm``)
 
 Every row generates exactly --max-new-tokens tokens (stop tokens are suppressed until then), so
 the ratios measure the engines, not the completions; with --natural rows stop at their stop token,
-as in training (an engine that drops finished rows gains there). --limit also times the matrix
-products of (b) and (c)'s work alone and prints the share of that limit each generation reached. Each case runs in a fresh process (peak
-memory does not mix) after a short warm-up. Printed per case: member evaluations/s, generated
-tokens/s, seconds, peak memory above the loaded weights (as a fraction of their bytes) and, for
-vLLM, the memory its engine took at start; then the ratios vLLM/HF per case and b/a, b/c per
-engine. ``--random-init NAME`` times the architecture of a paper model (``configs/arch/NAME.json``)
-with random weights: timings do not depend on the weights, and no model hub is needed (prompts are
-tokenized with the default model's tokenizer). A last section compares one exact perturb/restore
+as in training (an engine that drops finished rows gains there). Each case runs in a fresh process
+(peak memory does not mix) after a short warm-up. Printed per case: member evaluations/s, generated
+tokens/s, seconds (the whole case and its engine calls alone), peak memory above the loaded weights
+(as a fraction of their bytes) and, for vLLM, the memory its engine took at start; with --limit,
+the share of the matrix-product limit the generation reached (``matmul_limit``); then each
+engine's speed over HF's per case and b/a, b/c per engine. ``--random-init NAME`` times the
+architecture of a paper model (``configs/arch/NAME.json``) with random weights: timings do not
+depend on the weights, and no model hub is needed (prompts are tokenized with the default model's
+tokenizer). A last section compares one exact perturb/restore
 cycle with a naive full-copy restore (memory).
 """
 

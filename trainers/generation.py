@@ -174,7 +174,7 @@ def generate(
                                 min(min_new_tokens, max_new_tokens))
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     bar = progress_bar(len(seqs), progress)
-    tracker = _StepProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
+    tracker = RowProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
     timings = []
     was_training = model.training
     saved_config = getattr(model, "generation_config", None)
@@ -193,7 +193,10 @@ def generate(
                     if ids:
                         input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                         attention[r, width - len(ids):] = 1
-                track = {} if tracker is None else {"stopping_criteria": tracker.batch(len(rows), width)}
+                track = {}
+                if tracker is not None:
+                    tracker.batch(len(rows), width)
+                    track = {"stopping_criteria": tracker.stopping_criteria()}
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                      generation_config=config, **track)
                 new = out[:, width:].tolist()
@@ -305,10 +308,12 @@ def progress_bar(total: int, enabled: bool | str):
                                                "[{elapsed}<{remaining}, {rate_fmt}]")
 
 
-class _StepProgress:
-    """Counts the sequences of a ``generate`` call done, a batch's share per decode step (rows x
-    step / max_new_tokens) and whole at its end, for the bar and ``on_progress``. Hooked in as a
-    stopping criterion that never stops anything (HF calls those after every step)."""
+class RowProgress:
+    """Counts the rows of a generation call done, for a bar and ``on_progress(done, total, seconds)``:
+    finished batches whole, the current batch's rows by their share of ``max_new_tokens`` generated
+    (rows that stopped early whole), so the ETA is an upper bound until the end. HF ``generate``
+    reports through ``stopping_criteria()``, a criterion that never stops anything (HF calls those
+    after every step); the native engine calls ``step`` itself."""
 
     def __init__(self, bar, on_progress, total: int, max_new_tokens: int):
         self.bar, self.on_progress, self.total, self.max_new = bar, on_progress, total, max_new_tokens
@@ -316,20 +321,27 @@ class _StepProgress:
         self.done = 0.0  # whole batches
         self.rows, self.width = 0, 0
 
-    def batch(self, rows: int, width: int):
-        from transformers import StoppingCriteriaList
-
+    def batch(self, rows: int, width: int = 0) -> None:
+        """A batch of ``rows`` rows starts (``width``: its prompt tokens, for HF's step count)."""
         self.rows, self.width = rows, width
-        return StoppingCriteriaList([self])
 
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        step = min(input_ids.shape[1] - self.width, self.max_new)
-        self._report(self.done + self.rows * step / self.max_new)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+    def step(self, steps: int, live: int | None = None) -> None:
+        """The batch has generated ``steps`` tokens per row; ``live`` of its rows are still going (default all)."""
+        live = self.rows if live is None else live
+        self._report(self.done + self.rows - live + live * min(steps, self.max_new) / self.max_new)
 
     def batch_done(self) -> None:
         self.done += self.rows
         self._report(self.done)
+
+    def stopping_criteria(self):
+        from transformers import StoppingCriteriaList
+
+        return StoppingCriteriaList([self])
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        self.step(input_ids.shape[1] - self.width)
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
 
     def _report(self, done: float) -> None:
         if self.bar is not None:

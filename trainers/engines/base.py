@@ -19,12 +19,11 @@ step); engines that generate with the model itself (``hf``) have nothing to do.
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
-
-import contextlib
 
 import torch
 
@@ -62,17 +61,6 @@ class LowRankMembers:
 
 
 Perturbation = FullRankMember | LowRankMembers
-
-
-@contextlib.contextmanager
-def written_into_weights(member: FullRankMember):
-    """Within the block the model's own weights are the member's; afterwards the master again,
-    exactly (``noise.perturb`` / ``noise.restore``). For engines that generate with the model's weights."""
-    patches = noise.perturb(member.params, member.seed, member.sigma, member.sign, member.shared)
-    try:
-        yield
-    finally:
-        noise.restore(member.params, member.seed, member.sigma, patches, member.sign, member.shared)
 
 
 class Engine(ABC):
@@ -113,3 +101,30 @@ class Engine(ABC):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class ModelWeightsEngine(Engine):
+    """An engine that generates with the model's own weight tensors (``hf``, ``native``): nothing to
+    sync, a full-rank member is written into them for the call (``written_into_weights``), and a
+    ``compute_dtype`` other than the weights' dtype generates under autocast on CUDA (the RL policy:
+    fp32 weights, bf16 compute)."""
+
+    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None):
+        super().__init__(model, tokenizer)
+        weights = next(model.parameters()).dtype
+        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
+        self.compute_dtype = compute_dtype if self.autocast else weights
+
+    def _autocast(self):
+        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def written_into_weights(member: FullRankMember):
+        """Within the block the model's own weights are the member's; afterwards the master again,
+        exactly (``noise.perturb`` / ``noise.restore``)."""
+        patches = noise.perturb(member.params, member.seed, member.sigma, member.sign, member.shared)
+        try:
+            yield
+        finally:
+            noise.restore(member.params, member.seed, member.sigma, patches, member.sign, member.shared)

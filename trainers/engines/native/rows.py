@@ -47,7 +47,7 @@ class RowNoise:
                     continue
                 Bt = torch.cat([pop.B[i].transpose(1, 2) for i in index if i is not None], dim=1).contiguous()
                 self.groups[li, key] = _Group(Bt, [None if i is None else pop.At[i] for i in index], members.rank)
-        if len(self.groups) == 0 or sum(g.Bt.shape[1] for g in self.groups.values()) != members.rank * len(pop.layers):
+        if sum(g.Bt.shape[1] for g in self.groups.values()) != members.rank * len(pop.layers):  # some layer not found
             raise ValueError("--engine native: the low-rank layers are not all q/k/v/o/gate/up/down projections of "
                              "the decoder's layers; use --engine hf")
         self.members = torch.zeros(0, dtype=torch.long)
