@@ -43,11 +43,12 @@ import numpy as np
 import torch
 
 import llm_envs
-from trainers import es, lowrank, noise
-from trainers.config import Parser, build_config
+from trainers import es
+from trainers.common.config import Parser, build_config
+from trainers.common.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
 from trainers.engines import ENGINES, EngineOptions, make_engine, vllm_missing
-from trainers.engines.base import FullRankMember
-from trainers.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+from trainers.noise import fullrank, lowrank
+from trainers.noise.members import FullRankMember
 
 ARCH_DIR = Path(__file__).resolve().parent / "configs" / "arch"
 CASES = {"full": "(a) full-rank, sequential", "lowrank": "(b) low-rank, batched", "lora": "(b') low-rank, vLLM multi-LoRA",
@@ -107,11 +108,11 @@ def memory_in_use(cuda: bool) -> int:
 
 
 @torch.no_grad()
-def naive_cycle(params: noise.Params, seed: int, sigma: float) -> None:
+def naive_cycle(params: fullrank.Params, seed: int, sigma: float) -> None:
     """The memory-hungry alternative: save every tensor, perturb, restore from the copy."""
     saved = [p.detach().clone() for p in params.tensors]
     for index, p in enumerate(params.tensors):
-        p.add_(noise.noise(p, seed, index), alpha=sigma)
+        p.add_(fullrank.noise(p, seed, index), alpha=sigma)
     for p, s in zip(params.tensors, saved):
         p.copy_(s)
 
@@ -151,13 +152,13 @@ def measure(case: str, args) -> dict:
            "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
     peak_of = PeakCUDA if cuda else PeakRSS
     if case in ("exact", "naive"):
-        params = noise.Params(es.select_params(model, None), fp32_master=False)
+        params = fullrank.Params(es.select_params(model, None), fp32_master=False)
         with peak_of() as peak:
             if case == "naive":
                 naive_cycle(params, 1, 5e-4)
             else:
-                patches = noise.perturb(params, 1, 5e-4)
-                noise.restore(params, 1, 5e-4, patches)
+                patches = fullrank.perturb(params, 1, 5e-4)
+                fullrank.restore(params, 1, 5e-4, patches)
         return {**out, "growth": peak.growth}
 
     env = llm_envs.make(args.env)
@@ -180,7 +181,7 @@ def measure(case: str, args) -> dict:
         if case == "ceiling":
             return engine.generate(rows, args.max_new_tokens, batch_size=len(rows), sort=False).total_tokens
         if case == "member":
-            member = FullRankMember(params, noise.member_seed(0, it, 0), cfg.sigma)
+            member = FullRankMember(params, fullrank.member_seed(0, it, 0), cfg.sigma)
             return engine.generate(member_rows, args.max_new_tokens, batch_size=len(member_rows),
                                    perturbation=member).total_tokens
         if case == "lora":

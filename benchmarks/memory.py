@@ -32,7 +32,7 @@ import sys
 import threading
 import time
 
-from trainers.config import Parser
+from trainers.common.config import Parser
 
 ALGORITHMS = ("es", "grpo", "ppo")
 
@@ -81,11 +81,12 @@ def child(args) -> dict:
     import torch
 
     import llm_envs
-    from trainers import es, policy, sampling
+    from trainers import es
+    from trainers.common.models import compute_dtype, load_model
     from trainers.engines import make_engine
-    from trainers.models import compute_dtype, load_model
     from trainers.grpo import GRPO, GRPOConfig
     from trainers.ppo import PPO, PPOConfig
+    from trainers.rl import policy, sampling
 
     torch.manual_seed(0)
     cuda = torch.cuda.is_available() and args.device != "cpu"

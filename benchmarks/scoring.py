@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import llm_envs
-from trainers.config import Parser
+from trainers.common.config import Parser
 
 # The real MATH files, as the tests find them: $LLM_ENVS_SHARED_DATA, else ../shared/data beside the
 # checkout. Without them (and without $LLM_ENVS_MATH_DIR or the hub) MATH-v0 is reported as skipped.

@@ -47,12 +47,12 @@ from tqdm import tqdm
 
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
-from trainers.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, env_kwargs, fail, make_env,
-                             parse_config)
+from trainers.common.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, env_kwargs, fail,
+                                    make_env, parse_config)
+from trainers.common.models import resolve_device
+from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
+from trainers.common.splits import MIN_VALIDATION, VALIDATION
 from trainers.engines import ENGINE_FIELDS, EngineOptions
-from trainers.models import resolve_device
-from trainers.run_dir import RUNTIME_FILE, read_jsonl
-from trainers.splits import MIN_VALIDATION, VALIDATION
 
 METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.

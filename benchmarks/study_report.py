@@ -40,7 +40,7 @@ def numerics(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
     """Where the study's numbers were computed, as its tables say it; a study whose evaluations, or a
     method's trainings, mixed device types or dtypes is refused (``ConfigError``): one table must not
     hold numbers computed differently. Results saved before this was recorded say so."""
-    from trainers.config import ConfigError
+    from trainers.common.config import ConfigError
 
     summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
     evaluated = {f"{s['device']} {s['dtype']}" for s in summaries if s.get("device")}

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from benchmarks.study import StudyConfig, select
 from benchmarks.study_report import write_report
-from trainers.config import ConfigError, Parser, fail
+from trainers.common.config import ConfigError, Parser, fail
 
 
 def rerender(out: Path) -> None:

@@ -25,7 +25,7 @@ METHOD_ORDER: tuple[str, ...] = ("Original", "PPO", "GRPO (8)", "GRPO (30)", "GR
 HPARAM_KEYS: tuple[tuple[str, ...], ...] = (("beta", "kl_coef", "kl_beta"), ("lr", "learning_rate"), ("alpha",),
                                             ("sigma",))
 #: Display names of model aliases. The default model is the Q4_1 GGUF of SmolLM2-135M-Instruct
-#: dequantised (``trainers.models``), not the hub's bf16 weights, and its numbers differ: the
+#: dequantised (``trainers.common.models``), not the hub's bf16 weights, and its numbers differ: the
 #: label says so, so that it is never mistaken for "HuggingFaceTB/SmolLM2-135M-Instruct".
 DEFAULT_MODEL_LABEL = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 MODEL_NAMES = {"smollm2-135m": DEFAULT_MODEL_LABEL, "smollm2-135m-instruct": DEFAULT_MODEL_LABEL}
@@ -185,7 +185,7 @@ def _read_summary(path: Path) -> list[dict[str, Any]]:
 
 
 def read_log(run: Path) -> list[dict[str, Any]]:
-    from trainers.run_dir import read_jsonl
+    from trainers.common.run_dir import read_jsonl
 
     return read_jsonl(run / "log.jsonl")
 

@@ -19,7 +19,7 @@ import sys
 from typing import Any
 
 from eval.harness import EvalConfig, run
-from trainers.config import USER_ERRORS, fail, parse_config
+from trainers.common.config import USER_ERRORS, fail, parse_config
 
 
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:

@@ -2,7 +2,7 @@
 environment: greedy pass@1 (the paper's protocol), unbiased pass@k from sampled responses, and KL
 from a base model, with per-example results and a summary on disk.
 
-Responses come from ``trainers.rollout`` (the same generation, scoring and held-out examples as
+Responses come from ``trainers.common.rollout`` (the same generation, scoring and held-out examples as
 the trainers' own ``eval_pass@1``), so greedy pass@1 here equals a trainer's logged one for the
 same model, split and ``max_new_tokens``. An environment's default splits are its
 ``eval_splits`` (MATH-v0: its five benchmarks).
@@ -31,11 +31,11 @@ import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
-from trainers.config import ConfigError, check, check_engine, env_kwargs, make_env
+from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
+from trainers.common.models import model_fingerprint, resolve_device, resolve_dtype
+from trainers.common.rollout import eval_examples, rollout
 from trainers.engines import EngineOptions, make_engine
-from trainers.generation import encode_prompts
-from trainers.models import model_fingerprint, resolve_device, resolve_dtype
-from trainers.rollout import eval_examples, rollout
+from trainers.engines.generation import encode_prompts
 
 #: Decoding presets: the paper's conciseness protocol (20 samples per prompt, KL to the base).
 PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperature": 1.0, "kl_to": "base"}}
@@ -120,7 +120,7 @@ class LazyModel:
 
     def get(self) -> tuple[Any, Any]:
         if self._loaded is None:
-            from trainers.models import load_model
+            from trainers.common.models import load_model
 
             try:
                 self._loaded = load_model(self.path, device=self.device, dtype=self.dtype)
@@ -156,7 +156,7 @@ class LazyModel:
 def _weights_stamp(path: str, dtype: str) -> str | None:
     """A cache key of a local model directory's files (names, sizes, mtimes) loaded in ``dtype``
     (the fingerprint hashes the loaded tensors); None for a model that is not a local directory."""
-    from trainers.models import ALIASES, cache_dir
+    from trainers.common.models import ALIASES, cache_dir
 
     directory = cache_dir() / ALIASES[path.lower()] if path.lower() in ALIASES else Path(path).expanduser()
     if not directory.is_dir():

@@ -19,8 +19,8 @@ from collections.abc import Sequence
 
 import torch
 
-from trainers.logprobs import pad, token_logprobs
-from trainers.losses import kl_k3
+from trainers.rl.logprobs import pad, token_logprobs
+from trainers.rl.losses import kl_k3
 
 
 def k3(logp_base: torch.Tensor, logp_model: torch.Tensor) -> torch.Tensor:
@@ -33,7 +33,7 @@ def k3(logp_base: torch.Tensor, logp_model: torch.Tensor) -> torch.Tensor:
 def completion_logprobs(model, prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                         batch_size: int = 8, pad_id: int = 0, temperature: float = 1.0) -> list[torch.Tensor]:
     """Log-probability of every completion token given its prompt and the tokens before it, under
-    ``softmax(logits / temperature)``, in batches of ``batch_size`` (``trainers.logprobs``, the
+    ``softmax(logits / temperature)``, in batches of ``batch_size`` (``trainers.rl.logprobs``, the
     trainers' own computation); one float32 CPU tensor per completion (empty for an empty one)."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")

@@ -227,7 +227,7 @@ def _save(fig, path: Path) -> Path:
 
 
 def main(argv: list[str] | None = None) -> list[Path]:
-    from trainers.config import Parser, fail
+    from trainers.common.config import Parser, fail
 
     parser = Parser(prog="python -m eval.plot", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="run dirs, summary files or directories of them")

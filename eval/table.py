@@ -320,7 +320,7 @@ def render(tables: list[Table], fmt: str = "markdown") -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    from trainers.config import Parser, fail
+    from trainers.common.config import Parser, fail
 
     parser = Parser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="summary files, run dirs or directories of them")

@@ -44,7 +44,7 @@ def build_tiny_tokenizer():
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from trainers.models import CHATML_TEMPLATE
+    from trainers.common.models import CHATML_TEMPLATE
 
     specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
     tk = Tokenizer(models.BPE())
@@ -104,7 +104,7 @@ def tiny_model(tiny_tokenizer):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tiny_model, tiny_tokenizer, tmp_path_factory):
-    from trainers.models import save_model
+    from trainers.common.models import save_model
 
     path = tmp_path_factory.mktemp("tiny-model")
     save_model(tiny_model, tiny_tokenizer, path)
@@ -113,7 +113,7 @@ def tiny_model_dir(tiny_model, tiny_tokenizer, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def smollm2():
-    from trainers.models import DEFAULT_MODEL, load_model
+    from trainers.common.models import DEFAULT_MODEL, load_model
 
     return load_model(DEFAULT_MODEL)
 

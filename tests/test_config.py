@@ -1,4 +1,4 @@
-"""What every trainer shares (``trainers.config``): bad environment options as one line before any
+"""What every trainer shares (``trainers.common.config``): bad environment options as one line before any
 run directory exists, the ``algorithm`` each run records, and flags on the command line
 (abbreviations refused, ``--resume`` overridden only by flags really given)."""
 
@@ -8,7 +8,7 @@ import yaml
 import eval.__main__ as eval_cli
 from eval import infer_method, load_results, table
 from trainers import es, grpo, ppo
-from trainers.config import build_config, to_dict
+from trainers.common.config import build_config, to_dict
 
 TRAINERS = {"es": es, "grpo": grpo, "ppo": ppo}
 BAD_OPTIONS = [('{"reward": "x"}', "reward must be one of"),  # Sudoku-v0's ValueError

@@ -24,11 +24,12 @@ from safetensors.torch import load_file
 
 import llm_envs
 from conftest import build_tiny_model, build_tiny_qwen2
-from trainers import es, grpo, lowrank, noise
-from trainers.config import ConfigError, build_config
+from trainers import es, grpo
+from trainers.common.config import ConfigError, build_config
+from trainers.common.models import save_model
 from trainers.engines import make_engine
-from trainers.engines.base import FullRankMember, LowRankMembers
-from trainers.models import save_model
+from trainers.noise import fullrank, lowrank
+from trainers.noise.members import FullRankMember, LowRankMembers
 from trainers.replay import rebuild
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
@@ -82,7 +83,7 @@ def test_bad_engine_options_name_their_flag(values, message):
 def test_the_hf_engine_restores_a_full_rank_member_exactly(tiny_model, tiny_tokenizer):
     model = copy.deepcopy(tiny_model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    params = noise.Params(es.select_params(model, None))
+    params = fullrank.Params(es.select_params(model, None))
     engine = make_engine("hf", model, tiny_tokenizer)
     moved = engine.generate(PROMPTS[:4], 8, perturbation=FullRankMember(params, 5, SIGMA))
     assert moved.token_ids != engine.generate(PROMPTS[:4], 8).token_ids  # the member was applied
@@ -166,7 +167,7 @@ def test_a_full_rank_member_equals_hf_and_the_engine_is_restored_bit_for_bit(vll
     from vllm.model_executor.layers import utils
 
     model, engine = vllm_tiny
-    params = noise.Params(es.select_params(model, None))
+    params = fullrank.Params(es.select_params(model, None))
     member = FullRankMember(params, 11, SIGMA, -1.0)
     loads: list[dict[str, torch.Tensor]] = []
     real = utils.dispatch_cpu_unquantized_gemm
@@ -187,7 +188,7 @@ def test_a_full_rank_member_equals_hf_and_the_engine_is_restored_bit_for_bit(vll
 
     perturbed, restored = loads
     names = [n for n, _ in model.named_parameters()]
-    values = {n: noise.perturbed_tensor(params, i, 11, SIGMA, -1.0) for i, n in enumerate(names)}
+    values = {n: fullrank.perturbed_tensor(params, i, 11, SIGMA, -1.0) for i, n in enumerate(names)}
     master = dict(model.named_parameters())
     for loaded, expected in ((perturbed, values), (restored, master)):
         assert set(loaded) >= {f"model.layers.{i}.self_attn.qkv_proj" for i in range(2)}
@@ -340,7 +341,7 @@ def test_the_default_model_agrees_across_engines(smollm2):
     model, tokenizer = smollm2
     prompts = [e.prompt for e in llm_envs.make("Conciseness-v0").examples("test")]
     hf = make_engine("hf", model, tokenizer)
-    params = noise.Params(es.select_params(model, None))
+    params = fullrank.Params(es.select_params(model, None))
     members = LowRankMembers(lowrank.select_layers(model, None, 1), [1, 2], [1.0, -1.0], 2e-3, 1)
     with make_engine("vllm", model, tokenizer) as engine:
         assert_agree(hf.generate(prompts, 24), engine.generate(prompts, 24), "SmolLM2 unperturbed")

@@ -188,7 +188,7 @@ def test_two_processes_match_one(noise_mode, tmp_path, tiny_model_dir):
 SLOW_SAVE = """
 import os, time
 if os.environ.get("RANK") == "0":  # rank 0 takes 20 s to save, far beyond the collectives' timeout
-    import trainers.run_dir as run_dir
+    import trainers.common.run_dir as run_dir
     real = run_dir.RunDir.save_checkpoint
 
     def slow(self, *args, **kwargs):

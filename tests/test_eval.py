@@ -20,7 +20,7 @@ import eval.__main__ as cli
 from eval import kl, passk, plot, table
 from eval.cache import Cache, cache_key
 from llm_envs import Score
-from trainers.models import load_model as harness_load_model
+from trainers.common.models import load_model as harness_load_model
 
 FIXTURES = Path(__file__).parent / "fixtures" / "eval"
 RESULTS = FIXTURES / "results"
@@ -169,7 +169,7 @@ def test_table_cli(capsys, tmp_path):
 @pytest.fixture(scope="module")
 def sampled(tiny_model, tiny_tokenizer):
     """(prompt ids, sampled completion ids) of 6 responses of the tiny model."""
-    from trainers.generation import encode_prompts, generate
+    from trainers.engines.generation import encode_prompts, generate
 
     prompts = [[{"role": "user", "content": q}] for q in ["What is the capital of France?", "Say 42.", "Sudoku?"]]
     out = generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=0, num_return_sequences=2)
@@ -191,7 +191,7 @@ def test_kl_of_a_model_against_itself_is_zero_and_positive_for_a_perturbed_copy(
 
 
 def test_kl_at_another_temperature_uses_the_tempered_distributions(tiny_model, tiny_tokenizer):
-    from trainers.generation import encode_prompts, generate
+    from trainers.engines.generation import encode_prompts, generate
 
     T = 0.7
     prompts = [[{"role": "user", "content": q}] for q in ["What is the capital of France?", "Say 42."]]
@@ -256,10 +256,10 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
         raise AssertionError("generate called despite a cached result")
 
     monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
-    monkeypatch.setattr("trainers.models.load_model", boom)  # a cached local model is not even loaded
+    monkeypatch.setattr("trainers.common.models.load_model", boom)  # a cached local model is not even loaded
     [second] = cli.main(args)
     assert second["cached"] and second["pass@1"] == first["pass@1"] and second["reward_mean"] == first["reward_mean"]
-    monkeypatch.setattr("trainers.models.load_model", harness_load_model)
+    monkeypatch.setattr("trainers.common.models.load_model", harness_load_model)
     with pytest.raises(AssertionError, match="generate called"):
         cli.main([*args, "--max-new-tokens", "7"])  # another decoding setting is another key
 
@@ -324,7 +324,7 @@ def test_cache_key_is_order_independent_and_cache_can_be_off(tmp_path):
 
 
 def test_run_dir_with_samples_pass_at_k_and_kl(tiny_model, tiny_tokenizer, tiny_model_dir, tmp_path):
-    from trainers.models import save_model
+    from trainers.common.models import save_model
 
     run = tmp_path / "es-Conciseness-v0-x"
     tuned = copy.deepcopy(tiny_model)

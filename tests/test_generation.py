@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 
-from trainers.generation import GenerationResult, encode_prompts, generate, stop_token_ids
+from trainers.engines.generation import GenerationResult, encode_prompts, generate, stop_token_ids
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],

@@ -13,16 +13,18 @@ import torch
 import yaml
 
 import llm_envs
-from trainers import grpo, policy, ppo, rl, rollout, sweep
-from trainers.budget import Budget
-from trainers.config import ConfigError
+from trainers import grpo, ppo, sweep
+from trainers.common import rollout
+from trainers.common.budget import Budget
+from trainers.common.config import ConfigError
+from trainers.common.splits import WithValidation
 from trainers.engines.hf import HFEngine
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
-from trainers.logprobs import pad, token_logprobs
-from trainers.losses import kl_k3
-from trainers.policy import micro_batches
-from trainers.sampling import sample
-from trainers.splits import WithValidation
+from trainers.rl import loop, policy
+from trainers.rl.logprobs import pad, token_logprobs
+from trainers.rl.losses import kl_k3
+from trainers.rl.policy import micro_batches
+from trainers.rl.sampling import sample
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
@@ -215,7 +217,7 @@ def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_mode
     def no_reference(*a, **k):
         raise AssertionError("Dr.GRPO has beta 0: the reference model must not be loaded")
 
-    monkeypatch.setattr(rl, "load_reference", no_reference)
+    monkeypatch.setattr(loop, "load_reference", no_reference)
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--loss", "dr_grpo"))
     assert grpo.resolve(["--loss", "dr_grpo"]).beta == 0.0 and grpo.resolve([]).beta == 1e-3
@@ -227,7 +229,7 @@ def test_resume_after_kill_continues_from_the_checkpoint(tmp_path, tiny_model_di
     out = tmp_path / "run"
     args = grpo_args(tiny_model_dir, out, "--steps", "4", "--checkpoint-every", "2", "--batch-size", "2",
                      "--group-size", "4")
-    with kill_on_call(rl, "sample", 4):  # in step 4, after the checkpoint of step 2
+    with kill_on_call(loop, "sample", 4):  # in step 4, after the checkpoint of step 2
         grpo.main(args)
     ckpt = out / "checkpoints" / "000002"
     assert (ckpt / "trainer.pt").is_file() and not (out / "final").exists()
@@ -255,7 +257,7 @@ def test_a_killed_and_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(
                         "--epochs", str(epochs), "--checkpoint-every", str(every), "--batch-size", "2",
                         "--group-size", "4", "--lr", "1e-2", "--eval-every", "0", "--beta", "0.01"]
     module.main(args(tmp_path / "whole"))
-    with kill_on_call(rl, "sample", 3):
+    with kill_on_call(loop, "sample", 3):
         module.main(args(tmp_path / "killed"))
     ckpt = tmp_path / "killed" / "checkpoints" / f"{every:06d}"
     assert (ckpt / "batch.pt").is_file() == (epochs == 2)  # a batch still in use is saved
@@ -273,7 +275,7 @@ def test_a_kill_during_the_final_evaluation_is_evaluated_on_resume(trainer, tmp_
     measure the final model (the study selects settings on that record)."""
     module = {"grpo": grpo, "ppo": ppo}[trainer]
     out = tmp_path / "run"
-    with kill_on_call(rl, "evaluate", 2):  # 1: step 0, 2: the final model
+    with kill_on_call(loop, "evaluate", 2):  # 1: step 0, 2: the final model
         module.main(grpo_args(tiny_model_dir, out, "--steps", "2", "--batch-size", "2", "--group-size", "2",
                               "--checkpoint-every", "1"))
     module.main(["--resume", str(out)])
@@ -417,8 +419,8 @@ def test_validation_split_is_carved_from_train_deterministically(tmp_path):
 
 def test_a_run_with_val_size_trains_on_the_rest(tmp_path, tiny_model_dir, monkeypatch):
     drawn = []
-    real = rl.batch_for
-    monkeypatch.setattr(rl, "batch_for", lambda examples, *a: drawn.extend(e.id for e in examples) or real(examples, *a))
+    real = loop.batch_for
+    monkeypatch.setattr(loop, "batch_for", lambda examples, *a: drawn.extend(e.id for e in examples) or real(examples, *a))
     out = tmp_path / "run"
     grpo.main(grpo_args(tiny_model_dir, out, "--env-args", '{"train_size": 12}', "--val-size", "4", "--eval-split",
                         "validation", "--steps", "1"))

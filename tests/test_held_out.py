@@ -1,6 +1,6 @@
 """One held-out evaluation: a trainer's logged ``eval_pass@1`` / ``eval_reward`` and the harness's
 greedy pass@1 / mean reward (``python -m eval``) on the same model, split and max_new_tokens are
-the same numbers, because both go through ``trainers.rollout`` (same examples, generation and
+the same numbers, because both go through ``trainers.common.rollout`` (same examples, generation and
 scoring)."""
 
 import json
@@ -10,7 +10,8 @@ import pytest
 
 import eval.__main__ as cli
 import eval.harness as harness
-from trainers import es, grpo, rollout
+from trainers import es, grpo
+from trainers.common import rollout
 from trainers.engines.hf import HFEngine
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -42,7 +43,7 @@ def test_trainer_pass_at_1_equals_the_harness(name, tmp_path, tiny_model_dir, mo
     if "--eval-limit" in args:
         harness_args += ["--limit", args[args.index("--eval-limit") + 1]]
     [summary] = cli.main(harness_args)
-    assert calls, "the harness must measure through trainers.rollout"
+    assert calls, "the harness must measure through trainers.common.rollout"
     assert summary["temperature"] == 0.0 and summary["split"] == "test"
     assert summary["pass@1"] == final["eval_pass@1"]
     assert summary["reward_mean"] == final["eval_reward"]

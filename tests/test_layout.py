@@ -1,5 +1,6 @@
 """The project's module layout: no import cycles among its modules (imports inside functions
-count), and the layers only import downwards: llm_envs <- trainers <- eval, benchmarks."""
+count), the packages only import downwards (llm_envs <- trainers <- eval, benchmarks), and so do
+the folders inside trainers/ (noise <- engines <- common <- rl <- the algorithms)."""
 
 import ast
 from pathlib import Path
@@ -10,6 +11,9 @@ PACKAGES = ("llm_envs", "trainers", "eval", "benchmarks")
 #: the top: its study runs the trainers and measures their models with the eval harness.
 ALLOWED = {"llm_envs": {"llm_envs"}, "trainers": {"llm_envs", "trainers"},
            "eval": {"llm_envs", "trainers", "eval"}, "benchmarks": {"llm_envs", "trainers", "eval", "benchmarks"}}
+#: The folders of trainers/, bottom first; the algorithms (trainers/*.py) sit above them all. A
+#: module may import its own folder and the folders below it, never one above.
+TRAINER_FOLDERS = ("noise", "engines", "common", "rl")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -72,6 +76,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_no_import_cycles():
     graph = import_graph(project_modules())
     assert len(graph) > 30 and "trainers.es" in graph["trainers.replay"]  # the graph is real
+    assert "trainers.noise.members" in graph["trainers.engines.base"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -103,3 +108,53 @@ def test_each_public_function_of_trainers_and_eval_is_defined_once():
                     defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
     twice = {name: paths for name, paths in defined.items() if len(paths) > 1 and name not in entry_points}
     assert not twice, twice
+
+
+def trainer_level(module: str) -> int:
+    """Where a trainers module sits: the index of its folder in TRAINER_FOLDERS (subfolders count
+    as their folder), or above them all for the algorithms in trainers/ itself."""
+    parts = module.split(".")
+    if len(parts) > 2 or (len(parts) == 2 and parts[1] in TRAINER_FOLDERS):
+        return TRAINER_FOLDERS.index(parts[1])
+    return len(TRAINER_FOLDERS)
+
+
+def test_trainer_folders_import_only_downwards():
+    graph = import_graph(project_modules())
+    folders = {m.split(".")[1] for m in graph if m.startswith("trainers.") and m.count(".") >= 2}
+    assert folders == set(TRAINER_FOLDERS), "a new folder in trainers/ needs its place in TRAINER_FOLDERS"
+    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() if m.startswith("trainers.")
+                   for d in deps if d.startswith("trainers.") and trainer_level(d) > trainer_level(m))
+    assert not wrong, wrong
+
+
+def test_engines_import_no_es_or_rl_code():
+    """Engines evaluate perturbations (trainers.noise); ES and RL build on engines, never the reverse."""
+    graph = import_graph(project_modules())
+    engines = [m for m in graph if m.startswith("trainers.engines")]
+    assert len(engines) > 8
+    wrong = sorted(f"{m} imports {d}" for m in engines for d in graph[m]
+                   if d.startswith("trainers.") and not d.startswith(("trainers.engines", "trainers.noise")))
+    assert not wrong, wrong
+
+
+def test_the_level_check_catches_an_upward_import(tmp_path):
+    for package in PACKAGES:
+        (tmp_path / package).mkdir()
+    (tmp_path / "trainers" / "noise").mkdir()
+    (tmp_path / "trainers" / "noise" / "fullrank.py").write_text("def f():\n    from trainers.es import g\n")
+    (tmp_path / "trainers" / "es.py").write_text("def g(): ...\n")
+    graph = import_graph(project_modules(tmp_path))
+    assert graph["trainers.noise.fullrank"] == {"trainers.es"}
+    assert trainer_level("trainers.es") > trainer_level("trainers.noise.fullrank")
+
+
+def test_every_trainers_folder_says_what_it_holds():
+    """Each folder's __init__ docstring names what it holds; trainers/__init__ gives one line per folder."""
+    top = ast.get_docstring(ast.parse((ROOT / "trainers" / "__init__.py").read_text()))
+    for folder in TRAINER_FOLDERS:
+        doc = ast.get_docstring(ast.parse((ROOT / "trainers" / folder / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"trainers/{folder}/__init__.py needs a docstring"
+        assert f"``{folder}/``" in top, f"trainers/__init__.py should describe {folder}/"
+    flat = [p.name for p in (ROOT / "trainers").glob("*.py") if p.name != "__init__.py"]
+    assert sorted(flat) == ["es.py", "grpo.py", "ppo.py", "replay.py", "sweep.py"], flat

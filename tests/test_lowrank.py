@@ -11,9 +11,9 @@ import torch
 
 from llm_envs import BatchScorer, Example, Score, chat
 from toy_envs import LetterEnv
-from trainers import lowrank, noise
+from trainers.engines.generation import generate
 from trainers.engines.hf import HFEngine
-from trainers.generation import generate
+from trainers.noise import fullrank, lowrank
 
 SEEDS, SIGNS = [11, 11, 12, 13], [1.0, -1.0, 1.0, -1.0]  # a mirrored pair and two single members
 SIGMA = 0.05  # large, so that members' greedy texts differ on a tiny random model
@@ -135,7 +135,7 @@ def test_update_equals_explicit_formula(tiny_model):
     model = copy.deepcopy(tiny_model)
     rank = 2
     layers = lowrank.select_layers(model, None, rank)
-    params = noise.Params([(l.name, l.weight) for l in layers])
+    params = fullrank.Params([(l.name, l.weight) for l in layers])
     before = [l.weight.detach().double().clone() for l in layers]
     seeds, coefs = [5, 6, 7], [3e-3, -1e-3, 2e-3]
     lowrank.apply_lowrank_update(params, layers, seeds, coefs, rank)
@@ -151,7 +151,7 @@ def test_update_goes_through_the_fp32_master(tiny_model):
     """bf16 weights: the low-rank update lands in the fp32 master; the model is its rounding."""
     model = copy.deepcopy(tiny_model).to(torch.bfloat16)
     layers = lowrank.select_layers(model, None, 1)
-    params = noise.Params([(l.name, l.weight) for l in layers])
+    params = fullrank.Params([(l.name, l.weight) for l in layers])
     for _ in range(3):
         lowrank.apply_lowrank_update(params, layers, [1, 2], [1e-4, -2e-4], 1)
     for layer, master in zip(layers, params.masters):
@@ -159,14 +159,14 @@ def test_update_goes_through_the_fp32_master(tiny_model):
 
 
 def test_layer_selection_errors(tiny_model):
-    from trainers.config import ConfigError
+    from trainers.noise.lowrank import LayerError
 
     assert len(lowrank.select_layers(tiny_model, r"mlp\.", 1)) == 2 * 3  # gate, up, down in 2 layers
-    with pytest.raises(ConfigError, match="--rank: must be >= 1"):
+    with pytest.raises(LayerError, match="--rank: must be >= 1"):
         lowrank.select_layers(tiny_model, None, 0)
-    with pytest.raises(ConfigError, match=r"--rank 33 exceeds what layer .*k_proj.weight allows \(min\(d_out, d_in\) = 32\)"):
+    with pytest.raises(LayerError, match=r"--rank 33 exceeds what layer .*k_proj.weight allows \(min\(d_out, d_in\) = 32\)"):
         lowrank.select_layers(tiny_model, None, 33)  # k_proj: 2 kv heads x 16 = 32 outputs
-    with pytest.raises(ConfigError, match="--param-filter 'norm' matches no linear layer"):
+    with pytest.raises(LayerError, match="--param-filter 'norm' matches no linear layer"):
         lowrank.select_layers(tiny_model, "norm", 1)
 
 
@@ -188,7 +188,8 @@ PROMPTS = [chat("Say 3."), chat("What is the capital of France? Answer in one wo
 def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
     """(rewards, accuracy, tokens, rows per generate call) of a mirrored population of 4 (two pairs)
     through ``es.evaluate_batched``."""
-    from trainers import es, rollout
+    from trainers import es
+    from trainers.common import rollout
 
     cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--rank", "2", "--sigma", str(SIGMA),
                       "--population", "4", "--mirrored", "true", "--max-new-tokens", "8",
@@ -257,12 +258,12 @@ class RoutedExperts(torch.nn.Module):
 
 def test_routed_expert_layers_are_refused(tiny_model):
     from trainers import es
-    from trainers.config import ConfigError
+    from trainers.noise.lowrank import LayerError
 
     model = copy.deepcopy(tiny_model)
     model.model.layers[0].mlp = RoutedExperts(64)
     cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank"])
-    with pytest.raises(ConfigError, match=r"low-rank noise cannot perturb model\.layers\.0\.mlp\.experts\.\d\.weight: "
+    with pytest.raises(LayerError, match=r"low-rank noise cannot perturb model\.layers\.0\.mlp\.experts\.\d\.weight: "
                                           r"it saw \d of the 8 token rows"):
         es.perturbable(model, cfg)
     es.perturbable(model, es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--param-filter",
@@ -274,7 +275,7 @@ def tiny_mixtral_dir(tokenizer, path):
     """A 2-layer Mixtral: in transformers >= 5 its experts are fused 3-D parameters, not nn.Linear."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
-    from trainers.models import save_model
+    from trainers.common.models import save_model
 
     cfg = MixtralConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=4,

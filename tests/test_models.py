@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers import models
-from trainers.models import (DEFAULT_MODEL, cache_dir, load_model, model_fingerprint, resolve_device, resolve_dtype,
-                             save_model)
+from trainers.common import models
+from trainers.common.models import (DEFAULT_MODEL, cache_dir, load_model, model_fingerprint, resolve_device,
+                                    resolve_dtype, save_model)
 
 
 def test_device_and_dtype_resolution():

@@ -21,10 +21,11 @@ import torch
 import test_engines as shared
 from conftest import build_tiny_model, build_tiny_qwen2
 from test_engines import PROMPTS, SIGMA, agreement, es_args, log_of
-from trainers import es, lowrank, noise
+from trainers import es
 from trainers.engines import EngineUnavailable, make_engine
-from trainers.engines.base import FullRankMember, LowRankMembers
 from trainers.engines.native import NativeEngine
+from trainers.noise import fullrank, lowrank
+from trainers.noise.members import FullRankMember, LowRankMembers
 
 def assert_agree(a, b, what: str) -> None:
     shared.assert_agree(a, b, what, "native")
@@ -83,7 +84,7 @@ def test_a_full_rank_member_equals_hf_and_the_weights_are_restored_exactly(tiny,
     arch, model = tiny
     model = copy.deepcopy(model)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    member = FullRankMember(noise.Params(es.select_params(model, None)), 11, SIGMA, -1.0)
+    member = FullRankMember(fullrank.Params(es.select_params(model, None)), 11, SIGMA, -1.0)
     hf = make_engine("hf", model, tiny_tokenizer)
     a = hf.generate(PROMPTS, 16, perturbation=member)
     b = make_engine("native", model, tiny_tokenizer).generate(PROMPTS, 16, perturbation=member)
@@ -192,7 +193,7 @@ def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
 def test_es_defaults_to_the_native_engine_for_low_rank_noise_where_it_runs(tiny_model, tiny_tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from trainers.config import build_config
+    from trainers.common.config import build_config
 
     gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2))
     lowrank_cfg = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank"})
@@ -211,7 +212,7 @@ def test_the_default_model_agrees_with_hf(smollm2):
     hf, native = make_engine("hf", model, tokenizer), make_engine("native", model, tokenizer)
     prompts = PROMPTS  # Conciseness and Countdown (with its opening), 12 prompts
     assert_agree(hf.generate(prompts, 24), native.generate(prompts, 24), "SmolLM2 unperturbed")
-    member = FullRankMember(noise.Params(es.select_params(model, None)), 9, 2e-3)
+    member = FullRankMember(fullrank.Params(es.select_params(model, None)), 9, 2e-3)
     assert_agree(hf.generate(prompts, 24, perturbation=member), native.generate(prompts, 24, perturbation=member),
                  "SmolLM2 full-rank member")
     members = LowRankMembers(lowrank.select_layers(model, None, 1), [1, 2, 3], [1.0, -1.0, 1.0], 2e-3, 1)

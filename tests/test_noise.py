@@ -4,16 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from trainers import noise
+from trainers.noise import fullrank
 
 
-def make_params(dtype=torch.float32, seed=0, fp32_master=True) -> noise.Params:
+def make_params(dtype=torch.float32, seed=0, fp32_master=True) -> fullrank.Params:
     g = torch.Generator().manual_seed(seed)
     shapes = {"a.weight": (64, 32), "b.weight": (64, 32), "c.bias": (64,), "tiny": (3, 1)}
     # a mix of scales, values near zero and exact powers of two: the hard cases for rounding
     named = [(n, (torch.randn(s, generator=g) * 0.05).to(dtype)) for n, s in shapes.items()]
     named[2][1][:8] = torch.tensor([0.0, 1e-8, -1e-8, 2.0**-10, 0.5, -0.25, 1e-4, -3e-4]).to(dtype)
-    return noise.Params(named, fp32_master)
+    return fullrank.Params(named, fp32_master)
 
 
 @pytest.mark.parametrize("fp32_master", [False, True])
@@ -23,11 +23,11 @@ def test_restore_is_bit_exact_after_many_cycles(dtype, fp32_master):
     original = [p.clone() for p in params.tensors]
     inexact = 0
     for cycle in range(200):
-        seed = noise.member_seed(1, cycle, 0)
+        seed = fullrank.member_seed(1, cycle, 0)
         sigma, sign = [1e-3, 5e-4, 3e-2][cycle % 3], (-1.0) ** cycle
-        patches = noise.perturb(params, seed, sigma, sign)
+        patches = fullrank.perturb(params, seed, sigma, sign)
         assert any(not torch.equal(p, o) for p, o in zip(params.tensors, original))
-        noise.restore(params, seed, sigma, patches, sign)
+        fullrank.restore(params, seed, sigma, patches, sign)
         inexact += sum(pt.numel for pt in patches if pt is not None)
         for p, o in zip(params.tensors, original):
             assert torch.equal(p, o)
@@ -38,11 +38,11 @@ def test_restore_is_bit_exact_after_many_cycles(dtype, fp32_master):
 def test_update_equals_explicit_formula():
     params = make_params()
     before = [p.clone().double() for p in params.tensors]
-    seeds = [noise.member_seed(0, 1, n) for n in range(5)]
+    seeds = [fullrank.member_seed(0, 1, n) for n in range(5)]
     coefs = [0.3e-3, -1e-3, 0.0, 2e-4, 5e-4]
-    noise.apply_update(params, seeds, coefs)
+    fullrank.apply_update(params, seeds, coefs)
     for i, (p, b) in enumerate(zip(params.tensors, before)):
-        expected = b + sum(c * noise.noise(p, s, i).double() for s, c in zip(seeds, coefs))
+        expected = b + sum(c * fullrank.noise(p, s, i).double() for s, c in zip(seeds, coefs))
         assert torch.allclose(p.double(), expected, rtol=0, atol=1e-7)
 
 
@@ -53,13 +53,13 @@ def test_updates_below_half_a_step_are_not_lost(dtype):
     rounded); without it (the reference code's way) the updates are rounded away."""
     start = (0.5 + 0.49 * torch.rand(4096, generator=torch.Generator().manual_seed(0))).to(dtype)  # in [0.5, 1)
     step = float(torch.finfo(dtype).eps) / 2  # the spacing of dtype's values in [0.5, 1)
-    reference = noise.Params([("w", start.float())])
-    kept = noise.Params([("w", start.clone())])
-    lossy = noise.Params([("w", start.clone())], fp32_master=False)
-    seeds = [noise.member_seed(0, 0, 0), noise.member_seed(0, 0, 1)]
+    reference = fullrank.Params([("w", start.float())])
+    kept = fullrank.Params([("w", start.clone())])
+    lossy = fullrank.Params([("w", start.clone())], fp32_master=False)
+    seeds = [fullrank.member_seed(0, 0, 0), fullrank.member_seed(0, 0, 1)]
     for _ in range(50):  # the same direction every time: the reference drifts by ~10 steps
         for params in (reference, kept, lossy):
-            noise.apply_update(params, seeds, [0.2 * step, 0.1 * step])
+            fullrank.apply_update(params, seeds, [0.2 * step, 0.1 * step])
     assert torch.equal(kept.tensors[0], reference.tensors[0].to(dtype)), "the model must be the fp32 reference, rounded"
     assert (kept.tensors[0] != start).float().mean() > 0.9
     assert (lossy.tensors[0] != start).float().mean() < 0.1
@@ -102,18 +102,18 @@ def test_rank_shaping_ties_share_their_average_rank():
 
 
 def test_seeds_distinct_and_deterministic():
-    seeds = {noise.member_seed(0, it, n) for it in range(300) for n in range(30)}
+    seeds = {fullrank.member_seed(0, it, n) for it in range(300) for n in range(30)}
     assert len(seeds) == 300 * 30
-    assert noise.member_seed(5, 3, 2) == noise.member_seed(5, 3, 2)
-    assert noise.member_seed(5, 3, 2) != noise.member_seed(6, 3, 2)
+    assert fullrank.member_seed(5, 3, 2) == fullrank.member_seed(5, 3, 2)
+    assert fullrank.member_seed(5, 3, 2) != fullrank.member_seed(6, 3, 2)
     assert all(0 <= s < 2**63 for s in seeds)
 
 
 def test_noise_independent_per_tensor_unless_shared():
     params = make_params()
     a, b = params.tensors[0], params.tensors[1]  # same shape
-    assert not torch.equal(noise.noise(a, 42, 0), noise.noise(b, 42, 1))
-    assert torch.equal(noise.noise(a, 42, 0, shared=True), noise.noise(b, 42, 1, shared=True))
-    assert torch.equal(noise.noise(a, 42, 0), noise.noise(a, 42, 0))
-    eps = noise.noise(torch.empty(200_000), 3, 0)
+    assert not torch.equal(fullrank.noise(a, 42, 0), fullrank.noise(b, 42, 1))
+    assert torch.equal(fullrank.noise(a, 42, 0, shared=True), fullrank.noise(b, 42, 1, shared=True))
+    assert torch.equal(fullrank.noise(a, 42, 0), fullrank.noise(a, 42, 0))
+    eps = fullrank.noise(torch.empty(200_000), 3, 0)
     assert abs(eps.mean()) < 0.01 and abs(eps.std() - 1) < 0.01

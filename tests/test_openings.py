@@ -14,9 +14,9 @@ import eval.__main__ as cli
 import llm_envs
 from llm_envs import BatchScorer, Example, chat, with_opening
 from toy_envs import OpenedEchoEnv
+from trainers.common.rollout import rollout
+from trainers.engines.generation import encode_prompts, generate, render_prompt
 from trainers.engines.hf import HFEngine
-from trainers.generation import encode_prompts, generate, render_prompt
-from trainers.rollout import rollout
 
 # Qwen2.5-Instruct's chat template without its tool-calling branches.
 QWEN25_TEMPLATE = (
@@ -118,7 +118,7 @@ def test_rollout_records_the_opening_of_each_response(tiny_model, tiny_tokenizer
 def test_eval_records_the_opening_and_its_kl_covers_generated_tokens_only(tiny_model, tiny_tokenizer,
                                                                           tiny_model_dir, tmp_path):
     from conftest import build_tiny_model
-    from trainers.models import save_model
+    from trainers.common.models import save_model
 
     run = tmp_path / "es-Conciseness-v0-x"
     tuned = build_tiny_model(tiny_tokenizer, seed=1)  # "fine-tuned": other weights, the same vocabulary

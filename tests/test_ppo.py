@@ -11,10 +11,11 @@ import pytest
 import torch
 
 import llm_envs
-from trainers import policy, ppo, rl
+from trainers import ppo
 from trainers.engines.hf import HFEngine
 from trainers.ppo import PPO, PPOConfig, gae, ppo_loss, token_rewards
-from trainers.sampling import sample
+from trainers.rl import loop, policy
+from trainers.rl.sampling import sample
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 
@@ -145,7 +146,7 @@ def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, k
     out = tmp_path / "run"
     args = ppo_args(tiny_model_dir, out, "--steps", "3", "--checkpoint-every", "2", "--batch-size", "2",
                     "--group-size", "2")
-    with kill_on_call(rl, "sample", 3):
+    with kill_on_call(loop, "sample", 3):
         ppo.main(args)
     saved = torch.load(out / "checkpoints" / "000002" / "trainer.pt", weights_only=False)
     head = saved["modules"]["value_head"]
@@ -153,14 +154,14 @@ def test_resume_restores_the_value_head(tmp_path, tiny_model_dir, monkeypatch, k
     trunk = saved["modules"]["critic_trunk"]  # the critic's own trunk
 
     restored = {}
-    real_restore = rl.restore_trainer
+    real_restore = loop.restore_trainer
 
     def spy(run, step, optimizer, modules=None):
         real_restore(run, step, optimizer, modules)
         restored.update({k: v.detach().clone() for k, v in modules["value_head"].state_dict().items()})
         restored.update({"trunk." + k: v.detach().clone() for k, v in modules["critic_trunk"].state_dict().items()})
 
-    monkeypatch.setattr(rl, "restore_trainer", spy)
+    monkeypatch.setattr(loop, "restore_trainer", spy)
     ppo.main(["--resume", str(out)])
     assert torch.equal(restored["linear.weight"], head["linear.weight"])
     assert all(torch.equal(restored["trunk." + k], v) for k, v in trunk.items())

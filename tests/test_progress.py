@@ -4,9 +4,11 @@ the options that shorten a long one); the trainers show their bars and print the
 
 import pytest
 
-from trainers import es, grpo, progress
-from trainers.generation import generate
-from trainers.progress import RunClock, duration, evaluations_left
+from trainers import es, grpo
+
+from trainers.common import progress
+from trainers.common.progress import RunClock, duration, evaluations_left
+from trainers.engines.generation import generate
 
 PROMPTS = [[{"role": "user", "content": q}] for q in ["Hi", "What is the capital of France?", "Say 42."]]
 

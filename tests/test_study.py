@@ -199,7 +199,7 @@ def test_unknown_env_and_changed_options_are_refused(tmp_path, tiny_model_dir, c
 def test_shipped_study_configs_parse():
     from pathlib import Path
 
-    from trainers.config import load_yaml
+    from trainers.common.config import load_yaml
 
     configs = sorted(Path("benchmarks/configs").glob("study_*.yaml"))
     assert len(configs) >= 4
@@ -230,8 +230,8 @@ def test_grad_accum_reaches_the_rl_trainers_and_does_not_define_the_study(tmp_pa
 def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
     """A run killed for memory (started with grad_accum 1) resumes with the invocation's --grad-accum
     and --device, the rest of its saved config unchanged."""
-    from trainers.config import to_dict
-    from trainers.run_dir import RunDir
+    from trainers.common.config import to_dict
+    from trainers.common.run_dir import RunDir
 
     first = study.StudyConfig(env="Conciseness-v0", seeds=1)
     first.validate()

@@ -8,7 +8,7 @@ by tensor (1/sigma is folded into alpha, as in the paper).
 
 ``--noise lowrank`` (EGGROLL) replaces eps_n by E_n = A_n B_n^T / sqrt(R) on every linear layer:
 the weights are never touched during evaluation, and all N members generate in ONE batched call,
-each on its own rows (``trainers/lowrank.py``). Same z-scores, same alpha and sigma.
+each on its own rows (``trainers/noise/lowrank.py``). Same z-scores, same alpha and sigma.
 
     python -m trainers.es --env Sudoku-v0
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
@@ -33,19 +33,21 @@ import torch
 from tqdm import tqdm
 
 import llm_envs
-from trainers import distributed, lowrank, noise
-from trainers.budget import Budget
-from trainers.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
+from trainers.common import distributed
+from trainers.common.budget import Budget
+from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
+from trainers.common.models import load_model, save_model
+from trainers.common.progress import RunClock, evaluations_left, options
+from trainers.common.rollout import batch_for, eval_examples, evaluate, rollout
+from trainers.common.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
+from trainers.common.splits import training_env
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
-from trainers.engines.options import ENGINES_HELP
+from trainers.engines.base import Engine
+from trainers.engines.generation import encode_prompts, rows_that_fit
 from trainers.engines.native import unsupported as native_unsupported
-from trainers.engines.base import Engine, FullRankMember, LowRankMembers
-from trainers.models import load_model, save_model
-from trainers.generation import encode_prompts, rows_that_fit
-from trainers.progress import RunClock, evaluations_left, options
-from trainers.rollout import batch_for, eval_examples, evaluate, rollout
-from trainers.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
-from trainers.splits import training_env
+from trainers.engines.options import ENGINES_HELP
+from trainers.noise import fullrank, lowrank
+from trainers.noise.members import FullRankMember, LowRankMembers
 
 # The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
 PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -120,9 +122,9 @@ class ESConfig(TrainConfig):
 def population(cfg: ESConfig, iteration: int) -> tuple[list[int], list[float]]:
     """Seeds and signs of the N members of ``iteration`` (pairs share a seed when mirrored)."""
     if cfg.mirrored:
-        seeds = [noise.member_seed(cfg.seed, iteration, n // 2) for n in range(cfg.population)]
+        seeds = [fullrank.member_seed(cfg.seed, iteration, n // 2) for n in range(cfg.population)]
         return seeds, [1.0 if n % 2 == 0 else -1.0 for n in range(cfg.population)]
-    return [noise.member_seed(cfg.seed, iteration, n) for n in range(cfg.population)], [1.0] * cfg.population
+    return [fullrank.member_seed(cfg.seed, iteration, n) for n in range(cfg.population)], [1.0] * cfg.population
 
 
 def normalise(rewards: np.ndarray, rank_shaping: bool = False) -> np.ndarray | None:
@@ -159,7 +161,7 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
     return list(merged), list(merged.values())
 
 
-def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: noise.Params,
+def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: fullrank.Params,
                  layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1,
                  clock: RunClock | None = None):
     """Evaluate this process's share of the population (members rank, rank + world, ...);
@@ -242,22 +244,22 @@ def engine_for(cfg: ESConfig, model) -> EngineOptions:
     return options
 
 
-def perturbable(model, cfg: ESConfig) -> tuple[noise.Params, list[lowrank.Layer] | None]:
+def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:
     """What ES perturbs and updates: every parameter (full) or the linear layers' weights
     (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
     if cfg.noise == "lowrank":
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
         lowrank.check_rows(model, layers)
-        return noise.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
-    return noise.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
+        return fullrank.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
+    return fullrank.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
 
 
-def update_weights(cfg: ESConfig, params: noise.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
+def update_weights(cfg: ESConfig, params: fullrank.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
     """theta += sum_n coefficients[n] * (eps_n or E_n): the update of either noise mode."""
     if cfg.noise == "lowrank":
         lowrank.apply_lowrank_update(params, layers, seeds, coefficients, cfg.rank)
     else:
-        noise.apply_update(params, seeds, coefficients, cfg.shared_noise)
+        fullrank.apply_update(params, seeds, coefficients, cfg.shared_noise)
 
 
 def select_params(model, pattern: str | None) -> list[tuple[str, torch.Tensor]]:
@@ -299,13 +301,13 @@ def check_noise_device(run_dir: Path, device: torch.device, write: bool = False)
         path.write_text(json.dumps({"device": device.type}) + "\n")
 
 
-def masters_of(params: noise.Params) -> dict[str, torch.Tensor]:
+def masters_of(params: fullrank.Params) -> dict[str, torch.Tensor]:
     """The fp32 master weights to checkpoint (none for fp32 models): the model's bf16 weights
     alone would lose the sub-step part of the updates on resume."""
     return {name: m for name, m in zip(params.names, params.masters) if m is not None}
 
 
-def load_masters(params: noise.Params, checkpoint: Path) -> None:
+def load_masters(params: fullrank.Params, checkpoint: Path) -> None:
     """Restore the fp32 masters saved with a checkpoint (and the model's weights from them)."""
     if not any(m is not None for m in params.masters):
         return
@@ -322,7 +324,7 @@ def load_masters(params: noise.Params, checkpoint: Path) -> None:
             params.tensors[i].data.copy_(master)
 
 
-def replay(cfg: ESConfig, params: noise.Params, layers, updates: list[dict[str, Any]]) -> None:
+def replay(cfg: ESConfig, params: fullrank.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
         if not u["skipped"]:

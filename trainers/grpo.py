@@ -30,13 +30,13 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers import rl
-from trainers.config import check, resolve_config, run_main
-from trainers.logprobs import pad, token_logprobs
-from trainers.losses import clipped_surrogate, kl_k3, masked_sum
-from trainers.policy import clip_and_step, micro_batches
-from trainers.rl import RLConfig
-from trainers.sampling import Samples
+from trainers.common.config import check, resolve_config, run_main
+from trainers.rl import loop
+from trainers.rl.logprobs import pad, token_logprobs
+from trainers.rl.loop import RLConfig
+from trainers.rl.losses import clipped_surrogate, kl_k3, masked_sum
+from trainers.rl.policy import clip_and_step, micro_batches
+from trainers.rl.sampling import Samples
 
 STD_EPS = 1e-6
 
@@ -160,7 +160,7 @@ class GRPO:
 
 
 def train(cfg: GRPOConfig):
-    return rl.train(cfg, GRPO)
+    return loop.train(cfg, GRPO)
 
 
 def resolve(argv: list[str] | None = None) -> GRPOConfig:

@@ -39,13 +39,13 @@ from typing import ClassVar
 
 import torch
 
-from trainers import rl
-from trainers.config import check, resolve_config, run_main
-from trainers.logprobs import completion_states, pad, token_logprobs
-from trainers.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
-from trainers.policy import clip_and_step, load_critic_trunk, micro_batches
-from trainers.rl import RLConfig
-from trainers.sampling import Samples
+from trainers.common.config import check, resolve_config, run_main
+from trainers.rl import loop
+from trainers.rl.logprobs import completion_states, pad, token_logprobs
+from trainers.rl.loop import RLConfig
+from trainers.rl.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
+from trainers.rl.policy import clip_and_step, load_critic_trunk, micro_batches
+from trainers.rl.sampling import Samples
 
 
 @dataclass
@@ -232,7 +232,7 @@ class PPO:
 
 
 def train(cfg: PPOConfig):
-    return rl.train(cfg, PPO)
+    return loop.train(cfg, PPO)
 
 
 def resolve(argv: list[str] | None = None) -> PPOConfig:

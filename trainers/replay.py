@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from trainers.config import ConfigError, Parser, build_config, fail, load_yaml
+from trainers.common.config import ConfigError, Parser, build_config, fail, load_yaml
+from trainers.common.models import load_model, save_model
+from trainers.common.run_dir import read_jsonl
 from trainers.es import NOISE_DEVICE_FILE, ESConfig, check_noise_device, perturbable, replay
-from trainers.models import load_model, save_model
-from trainers.run_dir import read_jsonl
 
 
 def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | None = None):

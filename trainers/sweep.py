@@ -9,7 +9,7 @@ validation split, and report the selected run on the test split.
 
 Selection never sees the test split. By default every run trains on the training split minus a
 validation split carved from it (``--val-size``: a fraction of train, default 0.1, or a number of
-examples; a fixed choice, the same for every run: ``trainers.splits``), and its held-out
+examples; a fixed choice, the same for every run: ``trainers.common.splits``), and its held-out
 evaluations are on that validation split. The best run is the one with the highest final
 validation --metric (ties: the other metric, then the mean training reward of its last fifth);
 only then is its final model measured on the reported split (the trainer's --eval-split, default
@@ -39,12 +39,12 @@ import numpy as np
 import yaml
 
 import llm_envs
-from trainers.config import USER_ERRORS, ConfigError, Parser, fail, make_env
+from trainers.common.config import USER_ERRORS, ConfigError, Parser, fail, make_env
+from trainers.common.models import load_model
+from trainers.common.rollout import evaluate
+from trainers.common.run_dir import read_jsonl
+from trainers.common.splits import MIN_VALIDATION, VALIDATION
 from trainers.engines import make_engine
-from trainers.models import load_model
-from trainers.rollout import evaluate
-from trainers.run_dir import read_jsonl
-from trainers.splits import MIN_VALIDATION, VALIDATION
 
 ALGORITHMS = ("grpo", "ppo")
 METRICS = ("eval_pass@1", "eval_reward")

@@ -1,4 +1,5 @@
-"""Generation engines: one interface (``base.Engine``), three implementations.
+"""Generation behind one interface (``base.Engine``), three implementations; ``generation.py``
+holds what they share (prompt encoding, stop tokens, the result type, HF ``generate``).
 
 - ``hf`` (default): Hugging Face ``generate`` on the model itself (``hf.py``).
 - ``native``: a decode loop made for population-batched ES over the model's own modules (Llama

@@ -1,17 +1,8 @@
 """The generation-engine interface every trainer, the eval harness and the benchmarks hold.
 
 An engine completes a list of rows (a prompt each, one set of decoding settings, a seed) and
-returns a ``GenerationResult``; it may evaluate an ES perturbation while it does:
-
-- ``FullRankMember``: one member of the paper's loop. Every row of the call sees the weights
-  master + sign * sigma * eps(seed) (``trainers/noise.py``), and the engine's weights are the
-  master again, bit for bit, when the call returns.
-- ``LowRankMembers``: a whole low-rank population (``trainers/lowrank.py``) in one call. Rows
-  are member-major (member k owns rows ``k * P .. k * P + P - 1``) and member k's rows see
-  W + sign_k * sigma * E_k on every perturbed layer.
-
-The noise is defined by the model's own parameters (names, order, device, seeds), never by the
-engine: a run resumes or replays on another engine with the same weights.
+returns a ``GenerationResult``; it may evaluate an ES perturbation while it does
+(``trainers/noise/members.py``: one full-rank member, or a whole low-rank population).
 
 ``sync_weights`` tells the engine that the model's weights changed (an ES update, an optimizer
 step); engines that generate with the model itself (``hf``) have nothing to do.
@@ -22,52 +13,20 @@ from __future__ import annotations
 import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from trainers import noise
-from trainers.generation import GenerationResult, Prompt
-from trainers.lowrank import Layer
-from trainers.noise import Params
-
-
-@dataclass(frozen=True)
-class FullRankMember:
-    """Member ``seed`` of the paper's loop: theta + sign * sigma * eps(seed) on ``params``."""
-
-    params: Params
-    seed: int
-    sigma: float
-    sign: float = 1.0
-    shared: bool = False  # the paper's code's noise: one seed for every tensor
-
-
-@dataclass(frozen=True)
-class LowRankMembers:
-    """Members ``seeds[k]`` (sign ``signs[k]``) of a low-rank population; rows member-major."""
-
-    layers: Sequence[Layer]
-    seeds: Sequence[int]
-    signs: Sequence[float]
-    sigma: float
-    rank: int
-
-    def rows_per_member(self, rows: int) -> int:
-        if rows % len(self.seeds):
-            raise ValueError(f"low-rank members: {rows} rows do not split into {len(self.seeds)} members equally")
-        return rows // len(self.seeds)
-
-
-Perturbation = FullRankMember | LowRankMembers
+from trainers.engines.generation import GenerationResult, Prompt
+from trainers.noise import fullrank
+from trainers.noise.members import FullRankMember, Perturbation
 
 
 class Engine(ABC):
     """Generates completions for ``model`` (a Hugging Face causal LM: the weights of record).
 
     ``schedules_rows``: the engine batches a call's rows itself within its own memory (vLLM);
-    otherwise callers size calls to memory (``trainers.generation.rows_that_fit``)."""
+    otherwise callers size calls to memory (``trainers.engines.generation.rows_that_fit``)."""
 
     name: ClassVar[str]
     schedules_rows: ClassVar[bool] = False
@@ -85,7 +44,7 @@ class Engine(ABC):
                  num_return_sequences: int = 1, progress: bool | str = False, sort: bool = True,
                  min_new_tokens: int = 0, on_progress: Callable[[float, int, float], None] | None = None,
                  perturbation: Perturbation | None = None) -> GenerationResult:
-        """Complete each prompt (greedy when ``temperature == 0``), as ``trainers.generation.generate``
+        """Complete each prompt (greedy when ``temperature == 0``), as ``trainers.engines.generation.generate``
         does, optionally under ``perturbation``. ``batch_size`` and ``sort`` shape the batches of
         engines that do not schedule rows themselves. ``progress`` (a bar, named when a string) and
         ``on_progress(done, total, seconds)`` report the rows done."""
@@ -122,9 +81,9 @@ class ModelWeightsEngine(Engine):
     @contextlib.contextmanager
     def written_into_weights(member: FullRankMember):
         """Within the block the model's own weights are the member's; afterwards the master again,
-        exactly (``noise.perturb`` / ``noise.restore``)."""
-        patches = noise.perturb(member.params, member.seed, member.sigma, member.sign, member.shared)
+        exactly (``fullrank.perturb`` / ``fullrank.restore``)."""
+        patches = fullrank.perturb(member.params, member.seed, member.sigma, member.sign, member.shared)
         try:
             yield
         finally:
-            noise.restore(member.params, member.seed, member.sigma, patches, member.sign, member.shared)
+            fullrank.restore(member.params, member.seed, member.sigma, patches, member.sign, member.shared)

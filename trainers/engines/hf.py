@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import contextlib
 
-from trainers import lowrank
-from trainers.engines.base import FullRankMember, LowRankMembers, ModelWeightsEngine, Perturbation
-from trainers.generation import GenerationResult, generate
+from trainers.engines.base import ModelWeightsEngine
+from trainers.engines.generation import GenerationResult, generate
+from trainers.noise import lowrank
+from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 
 class HFEngine(ModelWeightsEngine):

@@ -34,10 +34,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
-from trainers import noise
-from trainers.engines.base import Engine, FullRankMember, LowRankMembers, Perturbation
+from trainers.engines.base import Engine
+from trainers.engines.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
-from trainers.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
+from trainers.noise import fullrank
+from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 #: Longest prompt + completion the engine accepts (its KV cache must hold one such row).
 MAX_MODEL_LEN = 8192
@@ -123,14 +124,14 @@ class VLLMEngine(Engine):
 
     def _perturbed_weights(self, p: FullRankMember) -> Iterator[tuple[str, torch.Tensor]]:
         """Every model tensor, the perturbed ones as the HF engine writes them: the master plus
-        sign * sigma * eps, rounded to the weight's dtype (``noise.perturb``)."""
+        sign * sigma * eps, rounded to the weight's dtype (``fullrank.perturb``)."""
         ids = {id(t): i for i, t in enumerate(p.params.tensors)}
         for name, t in self._named_parameters():
             i = ids.get(id(t))
             if i is None:
                 yield name, t.detach()
                 continue
-            yield name, noise.perturbed_tensor(p.params, i, p.seed, p.sigma, p.sign, p.shared)
+            yield name, fullrank.perturbed_tensor(p.params, i, p.seed, p.sigma, p.sign, p.shared)
 
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None, rows: int):

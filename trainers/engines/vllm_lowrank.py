@@ -24,9 +24,9 @@ from collections.abc import Iterator
 
 import torch
 
-from trainers import lowrank
-from trainers.engines.base import LowRankMembers
 from trainers.engines.options import EngineUnavailable
+from trainers.noise import lowrank
+from trainers.noise.members import LowRankMembers
 
 
 class LowRankHooks:

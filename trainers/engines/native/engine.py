@@ -8,13 +8,14 @@ import time
 
 import torch
 
-from trainers.engines.base import FullRankMember, LowRankMembers, ModelWeightsEngine, Perturbation
+from trainers.engines.base import ModelWeightsEngine
+from trainers.engines.generation import (GenerationResult, RowProgress, check_decoding, cut_at_stop, encode_prompts,
+                                         progress_bar, result_of, rows_that_fit, stop_token_ids)
 from trainers.engines.native.model import Decoder, unsupported
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.sampler import Sampler
 from trainers.engines.options import EngineUnavailable
-from trainers.generation import (GenerationResult, RowProgress, check_decoding, cut_at_stop, encode_prompts,
-                                 progress_bar, result_of, rows_that_fit, stop_token_ids)
+from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 
 class NativeEngine(ModelWeightsEngine):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainers.models import load_model, resolve_device
+from trainers.common.models import load_model, resolve_device
 
 
 def load_policy(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False):

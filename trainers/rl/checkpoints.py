@@ -11,7 +11,7 @@ from typing import Any
 
 import torch
 
-from trainers.run_dir import RunDir
+from trainers.common.run_dir import RunDir
 
 TRAINER_FILE = "trainer.pt"  # optimizer, RNG and extra module states, next to the HF weights
 BATCH_FILE = "batch.pt"  # a sampled batch still in use (epochs > 1), written before TRAINER_FILE

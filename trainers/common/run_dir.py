@@ -96,7 +96,7 @@ class RunDir:
         ``tensors.safetensors``); keeps the newest ``keep`` checkpoints."""
         if not self.is_main:
             return
-        from trainers.models import save_model
+        from trainers.common.models import save_model
 
         final = self.checkpoint_dir(iteration)
         tmp = final.with_name(final.name + ".tmp")

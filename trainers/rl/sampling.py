@@ -10,9 +10,9 @@ import numpy as np
 import torch
 
 from llm_envs import BatchScorer, Example
+from trainers.common.rollout import rollout
 from trainers.engines.base import Engine
-from trainers.generation import encode_prompts
-from trainers.rollout import rollout
+from trainers.engines.generation import encode_prompts
 
 
 @dataclass

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.models import compute_context
+from trainers.common.models import compute_context
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """The RL run shared by GRPO and PPO: its options (``RLConfig``) and its loop (``train``).
 
-Each step samples a batch of responses (``trainers.sampling``), lets the algorithm turn it into
+Each step samples a batch of responses (``trainers.rl.sampling``), lets the algorithm turn it into
 a loss and optimizer steps (``grpo.py``, ``ppo.py``), and logs, evaluates and checkpoints like
 every trainer (the same run directory, held-out pass@1 and sample budget as ES).
 """
@@ -16,17 +16,17 @@ from pathlib import Path
 from tqdm import tqdm
 
 import llm_envs
-from trainers.budget import Budget
-from trainers.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
-from trainers.config import ConfigError, TrainConfig, check, to_dict
+from trainers.common.budget import Budget
+from trainers.common.config import ConfigError, TrainConfig, check, to_dict
+from trainers.common.models import compute_dtype, save_model
+from trainers.common.progress import RunClock, evaluations_left, options
+from trainers.common.rollout import batch_for, eval_examples, evaluate
+from trainers.common.run_dir import RunDir, summarize
+from trainers.common.splits import training_env
 from trainers.engines import make_engine
-from trainers.models import compute_dtype, save_model
-from trainers.policy import load_policy, load_reference, make_optimizer
-from trainers.progress import RunClock, evaluations_left, options
-from trainers.rollout import batch_for, eval_examples, evaluate
-from trainers.run_dir import RunDir, summarize
-from trainers.sampling import sample, step_seed
-from trainers.splits import training_env
+from trainers.rl.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
+from trainers.rl.policy import load_policy, load_reference, make_optimizer
+from trainers.rl.sampling import sample, step_seed
 
 
 @dataclass

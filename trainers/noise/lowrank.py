@@ -39,13 +39,17 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.config import ConfigError
-from trainers.noise import Params, tensor_seed
+from trainers.noise.fullrank import Params, tensor_seed
 
 
 #: Up to this rank, the CPU hook adds each of the R rank-1 terms with broadcast products (faster
 #: than bmm on CPU); above it, and on CUDA, two batched matrix products.
 ELEMENTWISE_MAX_RANK = 4
+
+
+class LayerError(ValueError):
+    """The model cannot take the low-rank options asked for (``--rank``, ``--param-filter``, its
+    layer types); commands report it in one line, as a bad option."""
 
 
 @dataclass
@@ -68,10 +72,10 @@ def select_layers(model: torch.nn.Module, pattern: str | None = None, rank: int 
     """The layers low-rank noise perturbs, in a fixed order (their index seeds their noise).
 
     Every ``nn.Linear`` / ``Conv1D`` whose weight name matches ``pattern`` (all when ``None``),
-    except the output embedding. Raises ``ConfigError`` when nothing is left or when ``rank``
+    except the output embedding. Raises ``LayerError`` when nothing is left or when ``rank``
     exceeds ``min(d_out, d_in)`` of a layer."""
     if rank < 1:
-        raise ConfigError(f"--rank: must be >= 1, got {rank}")
+        raise LayerError(f"--rank: must be >= 1, got {rank}")
     skip = set()
     for emb in (model.get_output_embeddings(), model.get_input_embeddings()):
         if emb is not None and getattr(emb, "weight", None) is not None:
@@ -86,12 +90,12 @@ def select_layers(model: torch.nn.Module, pattern: str | None = None, rank: int 
             continue
         d_out, d_in = module.weight.shape if linear else module.weight.shape[::-1]
         if rank > min(d_out, d_in):
-            raise ConfigError(f"--rank {rank} exceeds what layer {weight_name} allows "
+            raise LayerError(f"--rank {rank} exceeds what layer {weight_name} allows "
                                f"(min(d_out, d_in) = {min(d_out, d_in)})")
         layers.append(Layer(weight_name, module, module.weight, d_out, d_in, not linear))
     if not layers:
         what = f"--param-filter {pattern!r} matches no" if pattern else "the model has no"
-        raise ConfigError(f"{what} linear layer to perturb with low-rank noise "
+        raise LayerError(f"{what} linear layer to perturb with low-rank noise "
                            f"(embeddings, lm_head and norms are never perturbed in this mode)")
     return layers
 
@@ -118,7 +122,7 @@ def check_rows(model: torch.nn.Module, layers: Sequence[Layer]) -> None:
             h.remove()
     for name, calls in seen.items():
         if calls != [rows] * max(1, len(calls)):
-            raise ConfigError(f"low-rank noise cannot perturb {name}: it saw {'+'.join(map(str, calls)) or 'none'} of "
+            raise LayerError(f"low-rank noise cannot perturb {name}: it saw {'+'.join(map(str, calls)) or 'none'} of "
                               f"the {rows} token rows of a forward pass (a routed MoE expert?), and each member's "
                               f"noise goes to its own rows; use --noise full, or leave it out with --param-filter")
 

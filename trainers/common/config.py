@@ -21,8 +21,9 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 
 import llm_envs
+from trainers.common.run_dir import RunDirError
 from trainers.engines.options import EngineOptions, EngineUnavailable
-from trainers.run_dir import RunDirError
+from trainers.noise.lowrank import LayerError
 
 C = TypeVar("C")
 
@@ -246,7 +247,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 #: The errors a command reports in one line (bad options, run directories, data files, models
 #: that cannot load, an engine that cannot run here), never as a traceback.
-USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable)
+USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable, LayerError)
 
 
 def fail(message: str) -> typing.NoReturn:

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_envs import BatchScorer, Example, Score, TaskEnv
-from trainers.engines.base import Engine, Perturbation
-from trainers.generation import GenerationResult
+from trainers.engines.base import Engine
+from trainers.engines.generation import GenerationResult
+from trainers.noise.members import Perturbation
 
 
 def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:

@@ -17,7 +17,7 @@ import numpy as np
 
 import llm_envs
 from llm_envs import Example
-from trainers.config import ConfigError, TrainConfig, make_env
+from trainers.common.config import ConfigError, TrainConfig, make_env
 
 VALIDATION = "validation"  # the carved split's name
 #: A validation split carved for selecting settings (trainers.sweep, benchmarks.study) holds at

@@ -2,7 +2,7 @@
 PPO's clipped surrogate. Each algorithm assembles its own loss from them (``grpo.py``, ``ppo.py``).
 
 Per-token tensors are ``[B, T]`` over completion positions, with a ``mask`` that is 1 on
-completion tokens and 0 on padding (see ``trainers.logprobs``).
+completion tokens and 0 on padding (see ``trainers.rl.logprobs``).
 """
 
 from __future__ import annotations

@@ -1,0 +1,3 @@
+"""What only the RL methods need: the loop GRPO and PPO share (``loop.py``), losses (``losses.py``),
+log-probs (``logprobs.py``), sampling (``sampling.py``), the policy and optimizer (``policy.py``)
+and checkpoints (``checkpoints.py``)."""
