@@ -36,6 +36,8 @@ from llm_envs.types import Example, Score
 GRACE = 1.0
 #: Seconds a new worker process may take to start (imports, ``prepare_scoring``).
 START_TIMEOUT = 60.0
+#: Seconds to wait for a worker whose pipe closed to exit, so its exit code can be reported.
+EXIT_WAIT = 5.0
 
 
 class Scorable(Protocol):
@@ -205,6 +207,15 @@ class _Worker:
         self.kill()
         raise _start_failure(env, f"exited while starting (exit code {code})")
 
+    def failure(self) -> str:
+        """Why the worker stopped answering, with its exit code (-9: SIGKILL, e.g. the OOM killer;
+        a positive code: the process exited). Its pipe closes before the process is reaped, so the
+        process is joined briefly first."""
+        self.process.join(EXIT_WAIT)
+        if self.process.exitcode is None:
+            return f"worker failed (its pipe closed; still running after {EXIT_WAIT:g} s)"
+        return f"worker failed (exit code {self.process.exitcode})"
+
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
@@ -317,12 +328,12 @@ class BatchScorer:
                 scores[chunk[job[1]]] = worker.conn.recv()
                 job[1] += 1
                 job[2] = time.monotonic() + timeout + GRACE
-        except (EOFError, OSError):
-            failed = "worker failed"
+        except (EOFError, OSError):  # the pipe closed: the process died (or is dying); say how
+            failed = worker.failure()
         if job[1] == len(chunk):
             return True
         if failed is None and not worker.process.is_alive():
-            failed = f"worker failed (exit code {worker.process.exitcode})"
+            failed = worker.failure()
         if failed is None and time.monotonic() >= job[2]:
             failed = "timeout"
         if failed is None:

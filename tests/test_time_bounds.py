@@ -190,6 +190,16 @@ def test_a_worker_killed_between_batches_is_replaced():
         assert [w.process.pid for w in scorer._workers] != [dead]
 
 
+def test_a_worker_that_exits_mid_batch_reports_its_exit_code():
+    """A worker that dies by itself (a crash, not a kill) fails its item with the code it exited with."""
+    env = EchoEnv()
+    exs = env.examples("train")
+    with llm_envs.BatchScorer(env, workers=1) as scorer:
+        scores = scorer.score_batch(["0", "exit", "2"], exs[:3], 30)
+        assert [s.reward for s in scores] == [1.0, 0.0, 1.0]
+        assert scores[1].error == "worker failed (exit code 3)"
+
+
 def test_a_worker_killed_mid_batch_fails_its_item_only():
     """Killed while scoring: the item in progress fails, the rest of the batch is scored by a new worker."""
     env = EchoEnv()
@@ -199,4 +209,4 @@ def test_a_worker_killed_mid_batch_fails_its_item_only():
         threading.Timer(1.0, kill_worker, [scorer]).start()  # during "sleep" (60 s, far below the timeout)
         scores, seconds = timed(scorer.score_batch, ["0", "sleep", "2", "3"], exs[:4], 30)
         assert [s.reward for s in scores] == [1.0, 0.0, 1.0, 1.0]
-        assert scores[1].error.startswith("worker failed") and seconds < 15
+        assert scores[1].error == "worker failed (exit code -9)" and seconds < 15  # SIGKILL, as the OOM killer

@@ -3,6 +3,7 @@ can unpickle it)."""
 
 from __future__ import annotations
 
+import os
 import time
 
 from llm_envs import Example, Score, TaskEnv, chat, register, require
@@ -10,7 +11,8 @@ from llm_envs import Example, Score, TaskEnv, chat, register, require
 
 class EchoEnv(TaskEnv):
     """Say the number back. Completions "hang" (a Python loop), "sleep" (a blocking call that a
-    signal interrupts) and "c-loop" (hours in C code that no signal interrupts) misbehave on purpose."""
+    signal interrupts), "c-loop" (hours in C code that no signal interrupts) and "exit" (the process
+    exits with code 3, as a crash in a C extension would) misbehave on purpose."""
 
     max_new_tokens = 8
 
@@ -28,6 +30,8 @@ class EchoEnv(TaskEnv):
             time.sleep(60)
         if completion == "c-loop":
             sum(range(10**12))
+        if completion == "exit":
+            os._exit(3)
         if completion == "boom":
             raise RuntimeError("scorer bug")
         ok = completion.strip() == example.answer
