@@ -272,7 +272,7 @@ def _products(model, m: int, head_rows: int) -> float:
     return total
 
 
-# ----- the multi-LoRA route (measured, not shipped: see the README) -----------------------------
+# ----- the multi-LoRA route (measured, not shipped: see docs/benchmarks.md) -----------------------------
 
 
 def lora_engine(model, tokenizer, args):
