@@ -107,6 +107,42 @@ def test_save_model_round_trip(tiny_model, tiny_tokenizer, tmp_path):
     assert model_fingerprint(AutoModelForCausalLM.from_pretrained(path)) == model_fingerprint(tiny_model)
 
 
+def test_a_save_killed_half_way_leaves_the_old_directory_or_none(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
+    """A model directory appears whole or not at all: a save killed after the weights were written
+    but before the tokenizer leaves no directory (first save) or the previous one, intact."""
+    target = tmp_path / "final"
+
+    def killed(self, *args, **kwargs):
+        raise KeyboardInterrupt  # the weights are on disk, the tokenizer is not
+
+    with monkeypatch.context() as m:
+        m.setattr(type(tiny_tokenizer), "save_pretrained", killed)
+        with pytest.raises(KeyboardInterrupt):
+            save_model(tiny_model, tiny_tokenizer, target)
+    assert not target.exists() and not list(tmp_path.iterdir())  # nothing half-written, no leftovers
+
+    save_model(tiny_model, tiny_tokenizer, target)
+    before = {p.name: p.read_bytes() for p in target.iterdir()}
+    weight = tiny_model.lm_head.weight
+    saved = weight.detach().clone()
+    with torch.no_grad():
+        weight.add_(1.0)
+    try:
+        with monkeypatch.context() as m:
+            m.setattr(type(tiny_tokenizer), "save_pretrained", killed)
+            with pytest.raises(KeyboardInterrupt):
+                save_model(tiny_model, tiny_tokenizer, target)
+        assert {p.name: p.read_bytes() for p in target.iterdir()} == before  # the old save, untouched
+        load_model(str(target))  # and it loads
+        save_model(tiny_model, tiny_tokenizer, target)  # a later save replaces it whole
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["final"]
+        assert {p.name for p in target.iterdir()} == set(before)
+        assert (target / "model.safetensors").read_bytes() != before["model.safetensors"]
+    finally:
+        with torch.no_grad():
+            weight.copy_(saved)  # the session's tiny model, exactly as it was
+
+
 def test_fingerprint_tracks_weights(tiny_model):
     fp = model_fingerprint(tiny_model)
     assert isinstance(fp, str) and len(fp) == 16

@@ -85,6 +85,30 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     assert written == {name: (out / name).read_text() for name in written}
 
 
+def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_dir, one_thread, monkeypatch):
+    """Killed half-way through writing a run's final/ (weights written, tokenizer not): the same
+    command resumes the study to the end, instead of failing for good on a half-written model."""
+    from transformers import PreTrainedTokenizerBase
+
+    out = tmp_path / "study"
+    real = PreTrainedTokenizerBase.save_pretrained
+
+    def killed_in_final(self, directory, *args, **kwargs):
+        if str(directory).endswith("final.tmp"):
+            raise KeyboardInterrupt
+        return real(self, directory, *args, **kwargs)
+
+    with monkeypatch.context() as m:
+        m.setattr(PreTrainedTokenizerBase, "save_pretrained", killed_in_final)
+        with pytest.raises(KeyboardInterrupt):
+            study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
+    [run] = list(out.glob("runs/*/*/*"))
+    assert not (run / "final").exists()  # its final evaluation is logged, but no half model is left
+    study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
+    assert (out / "table1.md").is_file()
+    assert json.loads((out / "results.json").read_text())["runs"][0]["greedy"]["n"] > 0
+
+
 def test_selection_never_reads_the_test_split():
     cfg = study.StudyConfig(methods="grpo", seeds=2)
     cfg.validate()

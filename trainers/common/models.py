@@ -28,10 +28,13 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from trainers.common.files import atomic_directory
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -392,17 +395,20 @@ def _transformers_version() -> str:
 
 # ----- saving and fingerprints ---------------------------------------------------------------------
 
-def save_model(model, tokenizer, path: str | os.PathLike) -> Path:
+def save_model(model, tokenizer, path: str | os.PathLike, extra: Callable[[Path], None] | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` in Hugging Face format (safetensors) to ``path``, so that
-    ``AutoModelForCausalLM.from_pretrained(path)`` and ``load_model(path)`` load them. Files in an
-    existing directory are overwritten."""
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
+    ``AutoModelForCausalLM.from_pretrained(path)`` and ``load_model(path)`` load them. The directory
+    appears whole or not at all (``files.atomic_directory``): an existing one is replaced, and a
+    save killed half-way leaves the old one (or none). ``extra(directory)`` adds files of its own
+    (a checkpoint's trainer state) before the directory appears."""
     _detach_quantizer(model)
-    model.save_pretrained(path)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(path)
-    return path
+    with atomic_directory(path) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if extra is not None:
+            extra(tmp)
+    return Path(path)
 
 
 def model_fingerprint(model, tokenizer=None, *, full: bool = True) -> str:

@@ -15,7 +15,6 @@ killed at any moment can resume from what is on disk.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
@@ -24,6 +23,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
+from trainers.common.files import append_line, atomic_write
 
 TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
 RUNTIME_FILE = "runtime.jsonl"  # per (re)start: the iteration it starts after, device type and weight dtype
@@ -49,7 +49,7 @@ class RunDir:
     # ----- config ----------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
         if self.is_main:
-            _atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+            atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
 
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load((self.path / "config.yaml").read_text())
@@ -59,7 +59,7 @@ class RunDir:
         """Append ``record`` to log.jsonl and its numbers to TensorBoard at ``step``."""
         if not self.is_main:
             return
-        _append_line(self.path / "log.jsonl", record)
+        append_line(self.path / "log.jsonl", record)
         if self._tb is None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -76,14 +76,14 @@ class RunDir:
         """Drop log records of iterations after ``after`` (they will be redone on resume)."""
         if self.is_main and (self.path / "log.jsonl").exists():
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
-            _atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
+            atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
     def note_runtime(self, model, iteration: int) -> None:
         """Record what this start (or resume, after ``iteration``) computes with: the device type and
         the weights' dtype, which change the numbers (a study refuses to mix them in one table)."""
         if self.is_main:
             p = next(model.parameters())
-            _append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
+            append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
                                                     "dtype": str(p.dtype).removeprefix("torch.")})
 
     # ----- checkpoints -----------------------------------------------------------------------
@@ -98,17 +98,14 @@ class RunDir:
             return
         from trainers.common.models import save_model
 
-        final = self.checkpoint_dir(iteration)
-        tmp = final.with_name(final.name + ".tmp")
-        shutil.rmtree(tmp, ignore_errors=True)
-        save_model(model, tokenizer, tmp)
-        if tensors:
-            from safetensors.torch import save_file
+        def state_files(directory: Path) -> None:
+            if tensors:
+                from safetensors.torch import save_file
 
-            save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(tmp / TENSORS_FILE))
-        _atomic_write(tmp / "trainer_state.json", json.dumps(state))
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
+                save_file({k: v.detach().contiguous().cpu() for k, v in tensors.items()}, str(directory / TENSORS_FILE))
+            atomic_write(directory / "trainer_state.json", json.dumps(state))
+
+        save_model(model, tokenizer, self.checkpoint_dir(iteration), extra=state_files)
         for old in self.checkpoints()[:-keep]:
             shutil.rmtree(self.checkpoint_dir(old), ignore_errors=True)
 
@@ -152,16 +149,3 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             break
     return records
-
-
-def _append_line(path: Path, record: dict[str, Any]) -> None:
-    with open(path, "a") as f:
-        f.write(json.dumps(record) + "\n")
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
