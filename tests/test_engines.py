@@ -245,6 +245,17 @@ def test_sampled_rows_follow_their_seed(vllm_tiny):
 
 
 @needs_vllm
+def test_a_sampled_row_depends_on_its_seed_alone(vllm_tiny):
+    """Per-request seeds: a row gives the same sample alone or among other rows, in any position."""
+    _, engine = vllm_tiny
+    seeds = [21, 22, 23, 24]
+    together = engine.generate(PROMPTS[:4], 12, temperature=1.0, seed=seeds)
+    alone = [engine.generate([PROMPTS[k]], 12, temperature=1.0, seed=[seeds[k]]).token_ids[0] for k in range(4)]
+    assert together.token_ids == alone
+    assert engine.generate(PROMPTS[:4][::-1], 12, temperature=1.0, seed=seeds[::-1]).token_ids[::-1] == alone
+
+
+@needs_vllm
 def test_the_engine_follows_weight_updates(vllm_tiny_model, tiny_tokenizer):
     model = copy.deepcopy(vllm_tiny_model)
     with make_engine("vllm", model, tiny_tokenizer) as engine:

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from trainers.engines.generation import GenerationResult, encode_prompts, generate, stop_token_ids
+from trainers.engines.sampling import row_seeds
 
 PROMPTS = [
     [{"role": "user", "content": "What is the capital of France?"}],
@@ -107,6 +108,24 @@ def test_sampling_is_seeded_without_touching_global_rng(tiny_model, tiny_tokeniz
     assert a.token_ids != greedy.token_ids
     nucleus = generate(tiny_model, tiny_tokenizer, PROMPTS, max_new_tokens=10, temperature=1.0, top_p=1e-6, seed=3)
     assert nucleus.token_ids == greedy.token_ids  # top_p -> 0 keeps only the argmax
+
+
+def test_a_rows_sample_depends_on_its_seed_alone(tiny_model, tiny_tokenizer):
+    """One random stream per row: the batch size, the rows beside it and its position do not change
+    a row's sample; one seed per call derives row k's seed from (seed, k) alone."""
+    prompts = PROMPTS * 3
+    whole = generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5, batch_size=64)
+    for batch_size in (1, 4, 7):
+        assert generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=10, temperature=1.0, seed=5,
+                        batch_size=batch_size).token_ids == whole.token_ids, batch_size
+    seeds = row_seeds(5, len(prompts))
+    assert seeds == row_seeds(5, len(prompts) + 7)[:len(prompts)]  # not a function of the call's size
+    assert generate(tiny_model, tiny_tokenizer, prompts, max_new_tokens=10, temperature=1.0,
+                    seed=seeds).token_ids == whole.token_ids
+    last = generate(tiny_model, tiny_tokenizer, prompts[-1:], max_new_tokens=10, temperature=1.0, seed=seeds[-1:])
+    assert last.token_ids == whole.token_ids[-1:]
+    with pytest.raises(ValueError, match="2 sampling seeds for 3 rows"):
+        generate(tiny_model, tiny_tokenizer, PROMPTS[:3], max_new_tokens=4, temperature=1.0, seed=[1, 2])
 
 
 def test_num_return_sequences_is_prompt_major(tiny_model, tiny_tokenizer):

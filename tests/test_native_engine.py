@@ -157,6 +157,36 @@ def test_sampling_follows_its_seed_and_options(tiny_model, tiny_tokenizer):
     assert all(n == 12 for n in engine.generate(PROMPTS[:4], 12, min_new_tokens=12).num_tokens)
 
 
+def test_a_rows_sample_depends_on_its_seed_alone_not_on_the_waves(tiny_model, tiny_tokenizer, monkeypatch):
+    """Waves are sized from free memory; each row draws from its own stream, so caps of 1, 7, 16
+    and none give the same 24 samples (with one generator across waves, none of them did)."""
+    from trainers.engines.native import engine as native
+
+    rows = [p for _ in range(6) for p in PROMPTS[:4]]
+    engine = NativeEngine(tiny_model, tiny_tokenizer)
+    whole = engine.generate(rows, 12, temperature=1.0, seed=1)
+    assert whole.batches == 1 and len({tuple(ids) for ids in whole.token_ids}) > 4
+    for cap in (1, 7, 16):
+        monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens, cap=cap: cap)
+        waves = engine.generate(rows, 12, temperature=1.0, seed=1)
+        assert waves.batches == -(-len(rows) // cap)
+        assert waves.token_ids == whole.token_ids, f"waves of {cap} rows"
+
+
+def test_a_rows_sample_does_not_depend_on_its_neighbours(tiny_model, tiny_tokenizer):
+    """Explicit seeds, one per row: a row gives the same sample alone or among others, in any
+    position, and the same seeds give hf's samples (both engines sample in engines/sampling.py)."""
+    engine = NativeEngine(tiny_model, tiny_tokenizer)
+    seeds = [11, 12, 13, 14]
+    together = engine.generate(PROMPTS[:4], 12, temperature=1.0, seed=seeds)
+    alone = [engine.generate([PROMPTS[k]], 12, temperature=1.0, seed=[seeds[k]]).token_ids[0] for k in range(4)]
+    assert together.token_ids == alone
+    reversed_ = engine.generate(PROMPTS[:4][::-1], 12, temperature=1.0, seed=seeds[::-1])
+    assert reversed_.token_ids[::-1] == together.token_ids
+    hf = make_engine("hf", tiny_model, tiny_tokenizer).generate(PROMPTS[:4], 12, temperature=1.0, seed=seeds)
+    shared.assert_agree(hf, together, "sampled with the same row seeds", "native")
+
+
 def test_progress_is_reported_to_the_end(tiny_model, tiny_tokenizer):
     seen = []
     make_engine("native", tiny_model, tiny_tokenizer).generate(

@@ -18,6 +18,7 @@ import numpy as np
 from llm_envs import BatchScorer, Example, Score, TaskEnv
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult
+from trainers.engines.sampling import Seeds
 from trainers.noise.members import Perturbation
 
 
@@ -69,7 +70,7 @@ def rollout(
     max_new_tokens: int,
     batch_size: int = 32,
     temperature: float = 0.0,
-    seed: int | None = None,
+    seed: Seeds = None,
     samples: int = 1,
     top_p: float = 1.0,
     progress: bool | str = False,
@@ -79,8 +80,9 @@ def rollout(
 ) -> Rollout:
     """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``) from
     ``engine`` (under an ES ``perturbation`` when given), scored by ``scorer`` (each example's
-    opening + completion, never the user's prompt). ``sort=False`` generates in the given order;
-    ``progress`` and ``on_progress`` as in ``generate``."""
+    opening + completion, never the user's prompt). ``seed``: the call's sampling seed, or one per
+    completion (example-major); ``sort=False`` generates in the given order; ``progress`` and
+    ``on_progress`` as in ``generate``."""
     start = time.perf_counter()
     out = engine.generate([e.prompt for e in examples], max_new_tokens=max_new_tokens, batch_size=batch_size,
                           temperature=temperature, top_p=top_p, seed=seed, num_return_sequences=samples,

@@ -18,6 +18,7 @@ from typing import ClassVar
 import torch
 
 from trainers.engines.generation import GenerationResult, Prompt
+from trainers.engines.sampling import Seeds
 from trainers.noise import fullrank
 from trainers.noise.members import FullRankMember, Perturbation
 
@@ -40,12 +41,13 @@ class Engine(ABC):
 
     @abstractmethod
     def generate(self, prompts: Sequence[Prompt], max_new_tokens: int = 256, batch_size: int = 32,
-                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: int | None = None,
+                 temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: Seeds = None,
                  num_return_sequences: int = 1, progress: bool | str = False, sort: bool = True,
                  min_new_tokens: int = 0, on_progress: Callable[[float, int, float], None] | None = None,
                  perturbation: Perturbation | None = None) -> GenerationResult:
         """Complete each prompt (greedy when ``temperature == 0``), as ``trainers.engines.generation.generate``
-        does, optionally under ``perturbation``. ``batch_size`` and ``sort`` shape the batches of
+        does, optionally under ``perturbation``. Sampling: ``seed`` is one seed per row (prompt-major)
+        or one per call (``sampling.row_seeds``); every engine draws row k from its own seed only. ``batch_size`` and ``sort`` shape the batches of
         engines that do not schedule rows themselves. ``progress`` (a bar, named when a string) and
         ``on_progress(done, total, seconds)`` report the rows done."""
 

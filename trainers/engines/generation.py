@@ -14,13 +14,14 @@ per call as memory allows.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
+
+from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
 Message = dict[str, str]
 Prompt = list[Message] | str
@@ -124,7 +125,7 @@ def generate(
     temperature: float = 0.0,
     top_p: float = 1.0,
     top_k: int = 0,
-    seed: int | None = None,
+    seed: Seeds = None,
     num_return_sequences: int = 1,
     progress: bool | str = False,
     stop_ids: Sequence[int] | None = None,
@@ -136,11 +137,13 @@ def generate(
 
     ``prompts``: lists of chat messages (rendered with the chat template and the assistant
     generation prompt) or plain strings (used verbatim). ``batch_size``: sequences per forward
-    pass. ``temperature > 0`` samples (with ``top_p``/``top_k`` filtering, ``top_k=0`` = off);
-    ``seed`` makes sampling reproducible without touching the global RNG state (a given seed and
-    batch size give the same samples). Only the passed options apply: the model's own generation
-    config (repetition penalty, default sampling, ...) is ignored, so results do not depend on the
-    checkpoint's ``generation_config.json``.
+    pass. ``temperature > 0`` samples (with ``top_p``/``top_k`` filtering, ``top_k=0`` = off), one
+    random stream per row (``sampling.py``): ``seed`` is one seed per row (prompt-major, samples of a
+    prompt together) or one for the call, from which row k's is derived; a row's sample then
+    depends on its seed and the model alone, not on ``batch_size`` or the other rows. Only the
+    passed options apply: the model's own generation config (repetition penalty, default
+    sampling, ...) is ignored, so results do not depend on the checkpoint's
+    ``generation_config.json``.
 
     Greedy output is deterministic for a given call. Across different batch compositions (other
     padding) fp32 results agree up to float rounding, which can flip a near-tied argmax.
@@ -169,9 +172,12 @@ def generate(
     order = sorted(range(len(seqs)), key=lambda j: -len(prompt_ids[seqs[j]])) if sort else list(range(len(seqs)))
     results: list[tuple[list[int], bool] | None] = [None] * len(seqs)
 
-    config = _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id,
+    config = _generation_config(max_new_tokens, stops, pad_id,
                                 getattr(getattr(model, "generation_config", None), "bos_token_id", None),
                                 min(min_new_tokens, max_new_tokens))
+    # HF decodes greedily over what RowSampling leaves: the token each row's own stream drew.
+    sampler = Sampler(float(temperature), float(top_p), int(top_k)) if temperature > 0 else None
+    uniforms = row_uniforms(row_seeds(seed, len(seqs)), max_new_tokens, len(seqs)) if sampler else None
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
     bar = progress_bar(len(seqs), progress)
     tracker = RowProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
@@ -182,7 +188,7 @@ def generate(
         model.eval()
         if saved_config is not None:  # so nothing of the checkpoint's own generation defaults leaks in
             model.generation_config = config
-        with _seeded(seed, device), torch.inference_mode():
+        with torch.inference_mode():
             for batch in batches:
                 t0 = time.perf_counter()
                 rows = [prompt_ids[seqs[j]] for j in batch]
@@ -197,6 +203,8 @@ def generate(
                 if tracker is not None:
                     tracker.batch(len(rows), width)
                     track = {"stopping_criteria": tracker.stopping_criteria()}
+                if sampler is not None:
+                    track["logits_processor"] = RowSampling(sampler, uniforms[batch], width).as_list()
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
                                      generation_config=config, **track)
                 new = out[:, width:].tolist()
@@ -254,17 +262,18 @@ def cut_at_stop(ids: list[int], stops: Sequence[int]) -> tuple[list[int], bool]:
     return ids, False
 
 
-def _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id, bos_id, min_new_tokens=0):
+def _generation_config(max_new_tokens, stops, pad_id, bos_id, min_new_tokens=0):
+    """Greedy decoding, with nothing of the model's own defaults: sampling, when asked for, is
+    ``RowSampling``'s, applied last among the logits processors."""
     from transformers import GenerationConfig
 
-    sample = temperature > 0
     return GenerationConfig(
         max_new_tokens=max_new_tokens,
         min_new_tokens=min_new_tokens or None,
-        do_sample=sample,
-        temperature=float(temperature) if sample else 1.0,
-        top_p=float(top_p) if sample else 1.0,
-        top_k=int(top_k) if sample else None,
+        do_sample=False,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=None,
         num_beams=1,
         num_return_sequences=1,
         repetition_penalty=1.0,
@@ -277,24 +286,32 @@ def _generation_config(max_new_tokens, temperature, top_p, top_k, stops, pad_id,
     )
 
 
+class RowSampling:
+    """A logits processor that samples each row's next token from its own stream (``Sampler`` over
+    ``uniforms (rows, max_new)``) and leaves only that token possible, so HF's greedy step picks
+    it. It runs after HF's own processors (``min_new_tokens``), as the native engine's sampler
+    runs after its stop-token suppression."""
+
+    def __init__(self, sampler: Sampler, uniforms: torch.Tensor, width: int):
+        self.sampler, self.uniforms, self.width = sampler, uniforms, width
+
+    def as_list(self):
+        from transformers import LogitsProcessorList
+
+        return LogitsProcessorList([self])
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        step = input_ids.shape[1] - self.width
+        tokens = self.sampler(scores, self.uniforms[:, step])
+        chosen = torch.full_like(scores, float("-inf"))
+        return chosen.scatter_(1, tokens[:, None], 0.0)
+
+
 def _input_device(model) -> torch.device:
     try:
         return next(model.parameters()).device
     except StopIteration:
         return torch.device("cpu")
-
-
-@contextlib.contextmanager
-def _seeded(seed: int | None, device: torch.device):
-    """Seed torch's RNG for the block and restore the previous state afterwards."""
-    if seed is None:
-        yield
-        return
-    devices = [device.index if device.index is not None else torch.cuda.current_device()] \
-        if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
 
 
 def progress_bar(total: int, enabled: bool | str):

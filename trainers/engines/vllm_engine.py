@@ -37,6 +37,7 @@ import torch
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
+from trainers.engines.sampling import row_seeds
 from trainers.noise import fullrank
 from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 
@@ -159,7 +160,7 @@ class VLLMEngine(Engine):
                  perturbation: Perturbation | None = None) -> GenerationResult:
         check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
         n = num_return_sequences
-        seeds = _row_seeds(seed if temperature > 0 else None, len(prompts) * n)
+        seeds = (row_seeds(seed, len(prompts) * n) if temperature > 0 else None) or [None] * (len(prompts) * n)
         with self._perturbed(perturbation, len(prompts) * n) as members:
             return self._complete(prompts, n, lambda k: self._sampling_params(
                 n=1, temperature=float(temperature), top_p=float(top_p) if temperature > 0 else 1.0,
@@ -270,11 +271,3 @@ def _reason(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).splitlines()
              if line.strip() and "validation error for" not in line and not line.strip().startswith("For further")]
     return lines[0] if lines else type(exc).__name__
-
-
-def _row_seeds(seed: int | None, rows: int) -> Sequence[int | None]:
-    """One sampling seed per row, derived from the call's seed (reproducible calls), or none."""
-    if seed is None:
-        return [None] * rows
-    state = np.random.SeedSequence([int(seed), rows]).generate_state(rows, np.uint32)
-    return [int(s) for s in state]

@@ -13,8 +13,8 @@ from trainers.engines.generation import (GenerationResult, RowProgress, check_de
                                          progress_bar, result_of, rows_that_fit, stop_token_ids)
 from trainers.engines.native.model import Decoder, unsupported
 from trainers.engines.native.rows import RowNoise
-from trainers.engines.native.sampler import Sampler
 from trainers.engines.options import EngineUnavailable
+from trainers.engines.sampling import Sampler, row_seeds, row_uniforms
 from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 
@@ -54,10 +54,10 @@ class NativeEngine(ModelWeightsEngine):
         cap = rows_that_fit(self.model, longest + max_new_tokens)
         order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
         waves = [order[k:k + cap] for k in range(0, len(order), cap)]
-        gen = None
-        if temperature > 0 and seed is not None:
-            gen = torch.Generator(device=self.device).manual_seed(int(seed))
-        sampler = Sampler(float(temperature), float(top_p), int(top_k), gen)
+        sampler = Sampler(float(temperature), float(top_p), int(top_k))
+        # One random stream per row, so a row's sample never depends on the wave it lands in.
+        uniforms = row_uniforms(row_seeds(seed, len(rows)), max_new_tokens, len(rows), self.device) \
+            if temperature > 0 else None
         bar = progress_bar(len(rows), progress)
         tracker = RowProgress(bar, on_progress, len(rows), max_new_tokens)
         out: list[tuple[list[int], bool] | None] = [None] * len(rows)
@@ -67,8 +67,9 @@ class NativeEngine(ModelWeightsEngine):
                 for wave in waves:
                     t0 = time.perf_counter()
                     wave_members = None if members is None else members[torch.tensor(wave, device=self.device)]
-                    generated = self._wave([rows[k] for k in wave], wave_members, noise, sampler, max_new_tokens,
-                                           min(min_new_tokens, max_new_tokens), tracker)
+                    wave_uniforms = None if uniforms is None else uniforms[torch.tensor(wave, device=self.device)]
+                    generated = self._wave([rows[k] for k in wave], wave_members, noise, sampler, wave_uniforms,
+                                           max_new_tokens, min(min_new_tokens, max_new_tokens), tracker)
                     for k, ids in zip(wave, generated):
                         out[k] = cut_at_stop(ids, self.stops)
                     timings.append(time.perf_counter() - t0)
@@ -78,10 +79,11 @@ class NativeEngine(ModelWeightsEngine):
         return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings)
 
     def _wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
-              max_new: int, min_new: int, tracker: RowProgress) -> list[list[int]]:
+              uniforms: torch.Tensor | None, max_new: int, min_new: int, tracker: RowProgress) -> list[list[int]]:
         """Generate every row of one wave: one prefill of the left-padded prompts, then one decode
-        step per token for the rows still live. Returns each row's ``max_new`` slots of ids (what
-        follows a stop token is left as it was: ``cut_at_stop`` drops it)."""
+        step per token for the rows still live (``uniforms (rows, max_new)``: each row's random
+        numbers when sampling). Returns each row's ``max_new`` slots of ids (what follows a stop
+        token is left as it was: ``cut_at_stop`` drops it)."""
         dev, slots = self.device, len(rows)
         width = max(len(r) for r in rows)
         ids = torch.full((slots, width), self.pad, dtype=torch.long)
@@ -112,7 +114,8 @@ class NativeEngine(ModelWeightsEngine):
         live = slots
         tracker.batch(slots)
         for step in range(max_new):
-            tok = sample(logits, stops if step < min_new else None)
+            u = None if uniforms is None else uniforms[slot_row[:live], step]
+            tok = sample(logits, u, stops if step < min_new else None)
             generated[slot_row[:live], step] = tok
             tracker.step(step + 1, live)
             if step == max_new - 1:
