@@ -1,6 +1,8 @@
 """llm-envs: single-turn task environments with verifiable rewards, registered with Gymnasium.
 
-``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0.
+``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0
+(``ENV_IDS``), and ``rg/<task>-v0`` for every reasoning-gym task (``RG_ENV_IDS``; reasoning-gym
+itself is imported only when one is built). ``python -m llm_envs.list`` lists them all.
 """
 
 from llm_envs.core import AnyText, TaskEnv, chat, render_prompt, with_opening
@@ -10,9 +12,10 @@ from llm_envs.scoring import BatchScorer
 from llm_envs.types import Example, Score
 
 # Each module registers its environment at import.
-from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, sudoku  # noqa: E402,F401
+from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, rg, sudoku  # noqa: E402,F401
+from llm_envs.envs.rg import RG_ENV_IDS  # noqa: E402
 
 __all__ = [
-    "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "Score", "TaskEnv",
+    "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "RG_ENV_IDS", "Score", "TaskEnv",
     "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require", "with_opening",
 ]

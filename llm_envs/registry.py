@@ -40,7 +40,8 @@ def resolve_id(env_id: str) -> str:
             raise UnknownEnvError(f"cannot import {module!r} to register {env_id!r}: {exc}") from None
     spec = gym.registry.get(env_id)
     if spec is None or not _is_task_env(spec):
-        raise UnknownEnvError(f"unknown env id {env_id!r}; registered: {', '.join(ENV_IDS)}")
+        raise UnknownEnvError(f"unknown env id {env_id!r}; registered: {', '.join(ENV_IDS)}, and every "
+                              f"reasoning-gym task as rg/<task>-v0 (python -m llm_envs.list)")
     return env_id
 
 
