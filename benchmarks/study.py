@@ -53,6 +53,7 @@ from trainers.common.models import resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.common.splits import MIN_VALIDATION, VALIDATION
 from trainers.engines import ENGINE_FIELDS, EngineOptions
+from trainers.engines.bars import bar as progress_bar
 
 METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.
@@ -462,7 +463,7 @@ def study(cfg: StudyConfig) -> Path:
 
     start = time.perf_counter()
     units = len(runs) * (1 + len(evaluations(cfg))) + len(evaluations(cfg))
-    bar = tqdm(total=units, desc="study", unit="step", dynamic_ncols=True, position=0)
+    bar = progress_bar(total=units, desc="study", unit="step", run=True)
     base, cache = {}, out / "evals" / "cache"
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"base model: eval {name}")

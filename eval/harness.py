@@ -34,8 +34,10 @@ from eval.passk import mean_std, pass_at_ks
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
 from trainers.common.models import model_fingerprint, resolve_device, resolve_dtype
 from trainers.common.rollout import eval_examples, rollout
-from trainers.engines import EngineOptions, make_engine
+from trainers.common.run_dir import recorded_engine
+from trainers.engines import ENGINES, EngineOptions, make_engine
 from trainers.engines.generation import encode_prompts
+from trainers.engines.options import ENGINES_HELP
 
 #: Decoding presets: the paper's conciseness protocol (20 samples per prompt, KL to the base).
 PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperature": 1.0, "kl_to": "base"}}
@@ -43,6 +45,10 @@ PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperatur
 
 @dataclass
 class EvalConfig(EngineOptions):
+    engine: str | None = field(default=None, metadata={
+        "help": f"generation engine: {ENGINES_HELP}; default: the engine a trainer run generated with (its "
+                f"runtime.jsonl), so its logged held-out numbers are reproduced; hf for any other model",
+        "choices": list(ENGINES)})
     env: str = field(default="Countdown-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     model: str = field(default="smollm2-135m", metadata={"help": "HF id, local model dir, smollm2-135m, or a trainer run dir (its final/ model)"})
     split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
@@ -85,6 +91,8 @@ class EvalConfig(EngineOptions):
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
+        if self.engine is None:
+            self.engine = run_engine(self.model) or "hf"
         check_engine(self)
 
     @property
@@ -93,6 +101,15 @@ class EvalConfig(EngineOptions):
         tag = "greedy" if self.temperature == 0 else f"t{self.temperature:g}-k{self.samples}"
         tag += f"-p{self.top_p:g}" if self.top_p < 1 else ""
         return tag + ("-kl" if self.kl_to else "") + (f"-n{self.limit}" if self.limit else "")
+
+
+def run_engine(model: str) -> str | None:
+    """The engine a trainer run (``--model`` naming a run, its final/ or a checkpoint) recorded, else None."""
+    try:
+        spec = describe_model(model)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    return recorded_engine(spec.run) if spec.run else None
 
 
 class LazyModel:

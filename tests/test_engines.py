@@ -256,6 +256,17 @@ def test_a_sampled_row_depends_on_its_seed_alone(vllm_tiny):
 
 
 @needs_vllm
+def test_progress_counts_finished_rows_only(vllm_tiny):
+    """vLLM counts a request when it finishes; the bar it wraps around the prompts while adding
+    them counts nothing done (it was counted as rows done, doubling the count)."""
+    _, engine = vllm_tiny
+    calls = []
+    engine.generate(PROMPTS[:6], 8, progress="rows", on_progress=lambda done, total, s: calls.append((done, total)))
+    assert [c for c, _ in calls] == [1, 2, 3, 4, 5, 6] and {total for _, total in calls} == {6}
+    assert engine.finished_rows_only
+
+
+@needs_vllm
 def test_the_engine_follows_weight_updates(vllm_tiny_model, tiny_tokenizer):
     model = copy.deepcopy(vllm_tiny_model)
     with make_engine("vllm", model, tiny_tokenizer) as engine:

@@ -218,9 +218,16 @@ def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
     [native] = cli.main([*args, "--engine", "native"])
     assert not native["cached"] and native["engine"] == "native"  # another engine, another cache key
     assert native["pass@1"] == hf["pass@1"] and native["reward_mean"] == hf["reward_mean"]
+    # on a run directory the harness generates with the engine the run recorded, unless told otherwise
+    run_args = ["--env", "tests.toy_envs:Letter-v0", "--model", str(run), "--max-new-tokens", "6",
+                "--out", str(tmp_path / "run-out"), "--cache", str(tmp_path / "cache")]
+    [own] = cli.main(run_args)
+    [told] = cli.main([*run_args, "--engine", "hf"])
+    assert own["engine"] == "native" and told["engine"] == "hf"
+    assert own["pass@1"] == [r for r in log_of(run) if "eval_pass@1" in r][-1]["eval_pass@1"]
 
 
-def test_es_defaults_to_the_native_engine_for_low_rank_noise_where_it_runs(tiny_model, tiny_tokenizer):
+def test_es_defaults_to_the_native_engine_for_low_rank_noise_on_cpu_where_it_runs(tiny_model, tiny_tokenizer):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from trainers.common.config import build_config
@@ -234,6 +241,11 @@ def test_es_defaults_to_the_native_engine_for_low_rank_noise_where_it_runs(tiny_
     assert es.engine_for(lowrank_cfg, gpt2).engine == "hf"  # an architecture the native engine does not run
     chosen = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank", "engine": "hf"})
     assert es.engine_for(chosen, tiny_model).engine == "hf"  # an explicit choice stands
+    # off the CPU (a GPU; here the meta device stands in) auto stays on hf: native has not run on a GPU yet
+    elsewhere = copy.deepcopy(tiny_model).to("meta")
+    assert es.engine_for(lowrank_cfg, elsewhere).engine == "hf"
+    asked = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank", "engine": "native"})
+    assert es.engine_for(asked, elsewhere).engine == "native"
 
 
 @pytest.mark.slow

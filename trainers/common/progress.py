@@ -1,12 +1,22 @@
 """How long a run will take, said before it is long: a trainer measures its first work on this
 device and extrapolates to the whole run, with no table of device speeds.
 
-``RunClock`` speaks twice at most: once the first generation has run for ``SETTLE`` seconds past
-its first decode step (or ended), from the time per response (usually the held-out evaluation at
-iteration 0; until a batch ends every row counts at the full token budget, so this is an upper
-bound), and once the first unit of training work is done (an ES member or iteration, an RL step),
-from its own time. When the
-projected run exceeds ``LONG``, it names the options that shorten it.
+``RunClock`` says three things at most, each once:
+
+- the held-out evaluation's time (``evaluation``, its generation's ``on_progress``): per
+  evaluation and for all of the run's, once the first evaluation has run ``SETTLE`` seconds past
+  its first report (or ended). It says nothing of training: held-out prompts are generated in
+  other batches than a unit's, so their pace per response is no measure of a unit's;
+- a projection per unit and for the run from the first training generation (``generation``: an
+  ES member's or low-rank iteration's rows, an RL step's samples), once it has run ``SETTLE``
+  seconds. Shorter calls are not extrapolated: their fixed costs (noise work, prompt pass) are too
+  large a share; the next item comes soon after them;
+- a projection from the first unit of training work, whole (``trained``: an ES member or
+  iteration, an RL step), the most faithful.
+
+An engine that counts a row only when it finishes (vLLM, ``Engine.finished_rows_only``) gives no
+pace until a call ends, so with ``whole_calls`` the pace is seconds / rows of a call that ended.
+When the projected run exceeds ``LONG``, the projection names the options that shorten it.
 """
 
 from __future__ import annotations
@@ -54,7 +64,7 @@ class RunClock:
 
     ``rows_per_unit`` and ``eval_rows`` are the responses this process generates per unit of work
     (iteration, step) and per held-out evaluation; ``detail`` says how a unit is made and
-    ``advice`` which options change the time."""
+    ``advice`` which options change the time; ``whole_calls``: the engine reports finished rows only."""
 
     say: Callable[[str], None]
     unit: str
@@ -66,37 +76,64 @@ class RunClock:
     max_new_tokens: int
     eval_rows: int = 0
     evals_left: int = 0
-    per_row: float | None = None  # seconds per response, once measured
-    start: tuple[float, float] | None = None  # (done, seconds) of the first generation's first report
+    whole_calls: bool = False
+    per_eval: float | None = None  # seconds per held-out evaluation, once measured
+    starts: dict[str, tuple[float, float]] = field(default_factory=dict)  # first report of each kind of call
     said: set[str] = field(default_factory=set)
 
+    def evaluation(self, done: float, total: int, seconds: float) -> None:
+        """The held-out evaluation's ``on_progress``: its time, per evaluation and for the run's."""
+        pace = self._pace("evaluation", done, total, seconds)
+        if pace is None:
+            return
+        self.per_eval = pace * self.eval_rows
+        text = (f"held-out evaluation on this {self.device} (from {seconds:.0f} s of it): ~{duration(self.per_eval)} "
+                f"per evaluation of {self.eval_rows}")
+        if self.evals_left:
+            text += f", ~{duration(self.per_eval * self.evals_left)} for the {self.evals_left} still to come"
+        self.say(f"{text}; the time per {self.unit} follows from its first training work")
+
     def generation(self, done: float, total: int, seconds: float) -> None:
-        """``generate``'s ``on_progress``: the first generation long enough to measure gives the
-        time per response, hence per unit and for the run. Its first report comes after the first
-        batch's prompt pass, whose cost does not grow with the tokens generated: the pace is
-        measured from there (or over the whole call, when that report was its last)."""
-        if "generation" in self.said or done <= 0:
-            return
-        if self.start is None:
-            self.start = (done, seconds)
-        d0, t0 = self.start
-        if done < total and (done <= d0 or seconds - t0 < SETTLE):
-            return
-        if done <= d0:  # the call ended at its first report
-            d0, t0 = 0.0, 0.0
-        self.per_row = (seconds - t0) / (done - d0)
-        self._tell("generation", f"{seconds:.0f} s of generation, {self.per_row:.2f} s per response of up to "
-                                 f"{self.max_new_tokens} tokens", self.per_row * self.rows_per_unit)
+        """A training generation's ``on_progress``: once it has run ``SETTLE`` seconds, its time
+        per response, hence per unit and for the run."""
+        pace = self._pace("generation", done, total, seconds, at_least=SETTLE)
+        if pace is not None:
+            self._tell("generation", f"{seconds:.0f} s of generation, {pace:.2f} s per response of up to "
+                                     f"{self.max_new_tokens} tokens", pace * self.rows_per_unit)
 
     def trained(self, seconds: float, fraction: float, what: str) -> None:
         """The first ``what`` of training, ``fraction`` of a unit's work, took ``seconds``."""
         if "unit" not in self.said and fraction > 0:
+            self.said.add("generation")  # the whole unit's time supersedes its generation's
             self._tell("unit", f"the first {what}, {seconds:.0f} s", seconds / fraction)
+
+    def _pace(self, kind: str, done: float, total: int, seconds: float, at_least: float = 0.0) -> float | None:
+        """Seconds per response of the first call of ``kind``, once it can be told (None before
+        and after): from its first report on (that report comes after the prompt pass, whose cost
+        does not grow with the tokens generated) once ``SETTLE`` s have passed, or over the whole
+        call when it ends first; with ``whole_calls`` only when the call ends. A pace measured over
+        less than ``at_least`` seconds is not told at all."""
+        if kind in self.said or done <= 0:
+            return None
+        if self.whole_calls:
+            if done < total:
+                return None
+            d0, t0 = 0.0, 0.0
+        else:
+            d0, t0 = self.starts.setdefault(kind, (done, seconds))
+            if done < total and (done <= d0 or seconds - t0 < SETTLE):
+                return None
+            if done <= d0:  # the call ended at its first report
+                d0, t0 = 0.0, 0.0
+        self.said.add(kind)
+        if seconds < at_least:
+            return None
+        return (seconds - t0) / (done - d0)
 
     def _tell(self, key: str, source: str, per_unit: float) -> None:
         self.said.add(key)
-        per_row = self.per_row if self.per_row is not None else per_unit / max(1, self.rows_per_unit)
-        total = self.units_left * per_unit + self.evals_left * self.eval_rows * per_row
+        per_eval = self.per_eval if self.per_eval is not None else per_unit / max(1, self.rows_per_unit) * self.eval_rows
+        total = self.units_left * per_unit + self.evals_left * per_eval
         evals = f" and {plural(self.evals_left, 'held-out evaluation')} of {self.eval_rows}" if self.evals_left else ""
         text = (f"projected on this {self.device} (from {source}): ~{duration(per_unit)} per {self.unit} "
                 f"({self.detail}), ~{duration(total)} for {plural(self.units_left, self.unit)}{evals}")

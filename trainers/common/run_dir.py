@@ -78,13 +78,15 @@ class RunDir:
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
             atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
-    def note_runtime(self, model, iteration: int) -> None:
-        """Record what this start (or resume, after ``iteration``) computes with: the device type and
-        the weights' dtype, which change the numbers (a study refuses to mix them in one table)."""
+    def note_runtime(self, model, iteration: int, engine: str | None = None) -> None:
+        """Record what this start (or resume, after ``iteration``) computes with: the device type, the
+        weights' dtype and the generation engine, which change the numbers (a study refuses to mix
+        them in one table; ``python -m eval`` on the run generates with the same engine)."""
         if self.is_main:
             p = next(model.parameters())
             append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
-                                                    "dtype": str(p.dtype).removeprefix("torch.")})
+                                                    "dtype": str(p.dtype).removeprefix("torch."),
+                                                    **({"engine": engine} if engine else {})})
 
     # ----- checkpoints -----------------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
@@ -149,3 +151,10 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             break
     return records
+
+
+def recorded_engine(run_dir: str | Path) -> str | None:
+    """The engine a run generated with at its last start (``runtime.jsonl``), or None when it did
+    not record one (runs older than the record)."""
+    engines = [r["engine"] for r in read_jsonl(Path(run_dir) / RUNTIME_FILE) if "engine" in r]
+    return engines[-1] if engines else None

@@ -27,10 +27,13 @@ class Engine(ABC):
     """Generates completions for ``model`` (a Hugging Face causal LM: the weights of record).
 
     ``schedules_rows``: the engine batches a call's rows itself within its own memory (vLLM);
-    otherwise callers size calls to memory (``trainers.engines.generation.rows_that_fit``)."""
+    otherwise callers size calls to memory (``trainers.engines.generation.rows_that_fit``).
+    ``finished_rows_only``: its progress counts a row only when the row finishes (vLLM), not at
+    every decode step, so the pace of a call is known only once the call ends."""
 
     name: ClassVar[str]
     schedules_rows: ClassVar[bool] = False
+    finished_rows_only: ClassVar[bool] = False
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer

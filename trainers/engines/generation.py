@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainers.engines.bars import RowProgress, rows_bar
 from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
 Message = dict[str, str]
@@ -179,7 +180,7 @@ def generate(
     sampler = Sampler(float(temperature), float(top_p), int(top_k)) if temperature > 0 else None
     uniforms = row_uniforms(row_seeds(seed, len(seqs)), max_new_tokens, len(seqs)) if sampler else None
     batches = [order[k:k + batch_size] for k in range(0, len(order), batch_size)]
-    bar = progress_bar(len(seqs), progress)
+    bar = rows_bar(len(seqs), progress)
     tracker = RowProgress(bar, on_progress, len(seqs), max_new_tokens) if bar is not None or on_progress else None
     timings = []
     was_training = model.training
@@ -312,59 +313,6 @@ def _input_device(model) -> torch.device:
         return next(model.parameters()).device
     except StopIteration:
         return torch.device("cpu")
-
-
-def progress_bar(total: int, enabled: bool | str):
-    """A tqdm bar of sequences done (named by ``enabled`` when a string), or None when off."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=enabled if isinstance(enabled, str) else "generate", unit="seq", leave=False,
-                dynamic_ncols=True, bar_format="{desc}: {percentage:3.0f}%|{bar}| {n:.0f}/{total_fmt} {unit} "
-                                               "[{elapsed}<{remaining}, {rate_fmt}]")
-
-
-class RowProgress:
-    """Counts the rows of a generation call done, for a bar and ``on_progress(done, total, seconds)``:
-    finished batches whole, the current batch's rows by their share of ``max_new_tokens`` generated
-    (rows that stopped early whole), so the ETA is an upper bound until the end. HF ``generate``
-    reports through ``stopping_criteria()``, a criterion that never stops anything (HF calls those
-    after every step); the native engine calls ``step`` itself."""
-
-    def __init__(self, bar, on_progress, total: int, max_new_tokens: int):
-        self.bar, self.on_progress, self.total, self.max_new = bar, on_progress, total, max_new_tokens
-        self.start = time.perf_counter()
-        self.done = 0.0  # whole batches
-        self.rows, self.width = 0, 0
-
-    def batch(self, rows: int, width: int = 0) -> None:
-        """A batch of ``rows`` rows starts (``width``: its prompt tokens, for HF's step count)."""
-        self.rows, self.width = rows, width
-
-    def step(self, steps: int, live: int | None = None) -> None:
-        """The batch has generated ``steps`` tokens per row; ``live`` of its rows are still going (default all)."""
-        live = self.rows if live is None else live
-        self._report(self.done + self.rows - live + live * min(steps, self.max_new) / self.max_new)
-
-    def batch_done(self) -> None:
-        self.done += self.rows
-        self._report(self.done)
-
-    def stopping_criteria(self):
-        from transformers import StoppingCriteriaList
-
-        return StoppingCriteriaList([self])
-
-    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
-        self.step(input_ids.shape[1] - self.width)
-        return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
-
-    def _report(self, done: float) -> None:
-        if self.bar is not None:
-            self.bar.update(done - self.bar.n)
-        if self.on_progress is not None:
-            self.on_progress(done, self.total, time.perf_counter() - self.start)
 
 
 def free_memory(device: torch.device) -> int:

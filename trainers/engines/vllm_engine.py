@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch
 
+from trainers.engines.bars import rows_bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
@@ -65,6 +66,7 @@ def import_vllm():
 class VLLMEngine(Engine):
     name = "vllm"
     schedules_rows = True
+    finished_rows_only = True
 
     def __init__(self, model, tokenizer, options: EngineOptions | None = None, compute_dtype: torch.dtype | None = None,
                  **llm_options):
@@ -214,26 +216,35 @@ class VLLMEngine(Engine):
             self._config_dir = None
 
 
+#: The bar vLLM opens over the requests of a generate call (it counts each request when it finishes).
+VLLM_ROWS_BAR = "Processed prompts"
+
+
 def _progress_bar(progress: bool | str, on_progress):
-    """What vLLM's ``use_tqdm`` takes: False, or a tqdm class named by ``progress`` (written to
-    nowhere when only ``on_progress`` listens) that tells ``on_progress(done, total, seconds)`` of
-    every finished row."""
+    """What vLLM's ``use_tqdm`` takes: False, or a factory of bars. vLLM opens one over the
+    requests, updated as each one *finishes* (``VLLM_ROWS_BAR``): it becomes our rows bar (written
+    nowhere when only ``on_progress`` listens) and tells ``on_progress(done, total, seconds)``. It
+    also wraps its prompt list in one while adding the requests: that counts nothing done, so it
+    gets a silent bar."""
     if not progress and on_progress is None:
         return False
-    from tqdm.auto import tqdm
+    from tqdm import tqdm
 
-    class Bar(tqdm):
-        def __init__(self, *args, **kwargs):  # vLLM also wraps its request list in one (an iterable)
-            kwargs.pop("postfix", None)
-            kwargs.update(desc=progress if isinstance(progress, str) else "generate", unit="seq", leave=False)
-            super().__init__(*args, **kwargs, **({} if progress else {"file": open(os.devnull, "w")}))
+    def make(iterable=None, *args, desc: str = "", **kwargs):
+        if desc != VLLM_ROWS_BAR:
+            return tqdm(iterable, disable=True)
+        rows = rows_bar(kwargs["total"], progress) or tqdm(total=kwargs["total"], disable=True)
+        start, update = time.perf_counter(), rows.update
 
-        def update(self, n=1):
-            super().update(n)
+        def counted(n=1):
+            update(n)
             if on_progress is not None:
-                on_progress(self.n, self.total, self.format_dict["elapsed"])
+                on_progress(rows.n, rows.total, time.perf_counter() - start)
 
-    return Bar
+        rows.update = counted
+        return rows
+
+    return make
 
 
 def _refresh_tied_head(model) -> None:

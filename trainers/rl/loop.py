@@ -24,6 +24,7 @@ from trainers.common.rollout import batch_for, eval_examples, evaluate
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.splits import training_env
 from trainers.engines import make_engine
+from trainers.engines.bars import bar
 from trainers.rl.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
 from trainers.rl.policy import load_policy, load_reference, make_optimizer
 from trainers.rl.sampling import sample, step_seed
@@ -61,14 +62,16 @@ class RLConfig(TrainConfig):
         check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", "must be > 0 (RL samples)")
 
 
-def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows: int, evals: int) -> RunClock:
+def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows: int, evals: int,
+             whole_calls: bool) -> RunClock:
     """The projection of this run's time on ``device``: ``left`` steps of ``prompts`` x
-    ``group_size`` responses, and ``evals`` held-out evaluations."""
+    ``group_size`` responses, and ``evals`` held-out evaluations (``whole_calls``: the engine
+    reports finished rows only)."""
     shorten = options(f"--batch-size (prompts per step, now {prompts})",
                       f"--group-size (responses per prompt, now {cfg.group_size})",
                       f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
     return RunClock(say, "step", left, prompts * cfg.group_size, f"{prompts} prompts x {cfg.group_size} responses",
-                    shorten, device, cfg.max_new_tokens, eval_rows, evals)
+                    shorten, device, cfg.max_new_tokens, eval_rows, evals, whole_calls)
 
 
 def train(cfg: RLConfig, algorithm) -> Path:
@@ -94,11 +97,11 @@ def train(cfg: RLConfig, algorithm) -> Path:
     done, state = ckpt if ckpt else (0, {})
     model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, cfg.device,
                                    cfg.gradient_checkpointing)
-    run.note_runtime(model, done)
     ref = load_reference(cfg.model, cfg.device) if cfg.beta else None
     algo = algorithm(cfg, model, tokenizer, ref)
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
     engine = make_engine(cfg, model, tokenizer, compute_dtype(model))
+    run.note_runtime(model, done, engine.name)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
     # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
@@ -122,7 +125,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     left = budget.steps_left(cfg.steps - done, per_step)  # steps this invocation will run
     eval_rows = len(eval_examples(env, cfg.eval_split, cfg.eval_limit))
     clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, per_step // cfg.group_size, eval_rows,
-                     evaluations_left(done, done + left, cfg.eval_every))
+                     evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only)
     # steps whose model has a held-out record (a resumed run keeps those up to ``done``)
     evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r} if cfg.resume else set()
 
@@ -130,7 +133,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
         evaluated.add(step)
         scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
                           cfg.eval_limit, progress=f"held-out {cfg.eval_split} (step {step})",
-                          on_progress=clock.generation)
+                          on_progress=clock.evaluation)
         run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                  "eval_n": scores["n"]}, step)
         say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
@@ -138,8 +141,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     if done == 0:
         held_out(0)
     step = done
-    bar = tqdm(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, dynamic_ncols=True)
-    for step in bar:
+    steps = bar(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, unit="step", run=True)
+    for step in steps:
         start = time.perf_counter()
         if used == cfg.epochs:  # a fresh batch of responses
             prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
@@ -169,8 +172,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
             save_checkpoint(run, model, tokenizer, step, {"iteration": step, "samples": budget.samples,
                                                           "tokens": budget.tokens}, optimizer, algo.modules,
                             batch={"buffer": buffer, "used": used} if used < cfg.epochs else None)
-        bar.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
-    bar.close()
+        steps.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
+    steps.close()
     if step not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(step)
     save_model(model, tokenizer, run.path / "final")

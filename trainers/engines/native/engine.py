@@ -9,8 +9,9 @@ import time
 import torch
 
 from trainers.engines.base import ModelWeightsEngine
-from trainers.engines.generation import (GenerationResult, RowProgress, check_decoding, cut_at_stop, encode_prompts,
-                                         progress_bar, result_of, rows_that_fit, stop_token_ids)
+from trainers.engines.bars import RowProgress, rows_bar
+from trainers.engines.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of,
+                                         rows_that_fit, stop_token_ids)
 from trainers.engines.native.model import Decoder, unsupported
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.options import EngineUnavailable
@@ -58,7 +59,7 @@ class NativeEngine(ModelWeightsEngine):
         # One random stream per row, so a row's sample never depends on the wave it lands in.
         uniforms = row_uniforms(row_seeds(seed, len(rows)), max_new_tokens, len(rows), self.device) \
             if temperature > 0 else None
-        bar = progress_bar(len(rows), progress)
+        bar = rows_bar(len(rows), progress)
         tracker = RowProgress(bar, on_progress, len(rows), max_new_tokens)
         out: list[tuple[list[int], bool] | None] = [None] * len(rows)
         timings = []
