@@ -266,6 +266,22 @@ def test_progress_counts_finished_rows_only(vllm_tiny):
     assert engine.finished_rows_only
 
 
+@pytest.mark.parametrize("name", ["hf", "native"])
+def test_an_engine_takes_weights_given_one_at_a_time(name, tiny_model, tiny_tokenizer):
+    """sync_weights(pairs): the engine generates with the given tensors (how a sharded policy feeds
+    the plain copy an engine generates with), read one pair at a time."""
+    mine, other = copy.deepcopy(tiny_model), copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(torch.randn_like(p), alpha=0.05)
+    engine = make_engine(name, mine, tiny_tokenizer)
+    assert engine.generate(PROMPTS, 12).token_ids != make_engine(name, other, tiny_tokenizer).generate(PROMPTS, 12).token_ids
+    taken = []
+    engine.sync_weights((taken.append(n) or n, p.detach()) for n, p in other.named_parameters())
+    assert taken == [n for n, _ in other.named_parameters()]
+    assert engine.generate(PROMPTS, 12).token_ids == make_engine(name, other, tiny_tokenizer).generate(PROMPTS, 12).token_ids
+
+
 @needs_vllm
 def test_the_engine_follows_weight_updates(vllm_tiny_model, tiny_tokenizer):
     model = copy.deepcopy(vllm_tiny_model)
@@ -278,6 +294,9 @@ def test_the_engine_follows_weight_updates(vllm_tiny_model, tiny_tokenizer):
         after = engine.generate(PROMPTS, 12)
         assert after.token_ids != before.token_ids
         assert_agree(make_engine("hf", model, tiny_tokenizer).generate(PROMPTS, 12), after, "after an update")
+        engine.sync_weights((n, p.detach()) for n, p in vllm_tiny_model.named_parameters())  # given, one at a time
+        assert_agree(make_engine("hf", vllm_tiny_model, tiny_tokenizer).generate(PROMPTS, 12),
+                     engine.generate(PROMPTS, 12), "weights given by name")
 
 
 # ----- runs with --engine vllm --------------------------------------------------------------------------

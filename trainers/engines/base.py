@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import ClassVar
 
 import torch
@@ -54,8 +54,11 @@ class Engine(ABC):
         engines that do not schedule rows themselves. ``progress`` (a bar, named when a string) and
         ``on_progress(done, total, seconds)`` report the rows done."""
 
-    def sync_weights(self) -> None:
-        """The model's weights changed: make the engine generate with the new ones."""
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """The model's weights changed: make the engine generate with the new ones. ``weights``:
+        (name, full tensor) pairs to take instead of reading the model, one at a time (a sharded
+        policy gathers each parameter as the engine asks for it, so the peak extra memory is one
+        full parameter); names are the model's ``named_parameters`` names."""
 
     def close(self) -> None:
         """Free what the engine holds beyond the model."""
@@ -72,6 +75,16 @@ class ModelWeightsEngine(Engine):
     sync, a full-rank member is written into them for the call (``written_into_weights``), and a
     ``compute_dtype`` other than the weights' dtype generates under autocast on CUDA (the RL policy:
     fp32 weights, bf16 compute)."""
+
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        """Nothing to do for the model's own weights; given ``weights``, copy each into the model
+        (the engine then generates with a plain copy of a model sharded elsewhere)."""
+        if weights is None:
+            return
+        own = dict(self.model.named_parameters())
+        with torch.no_grad():
+            for name, tensor in weights:
+                own[name].copy_(tensor)
 
     def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None):
         super().__init__(model, tokenizer)

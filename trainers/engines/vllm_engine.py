@@ -29,7 +29,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -105,8 +105,8 @@ class VLLMEngine(Engine):
 
     # ----- weights ------------------------------------------------------------------------------
 
-    def sync_weights(self) -> None:
-        self._load((name, p.detach()) for name, p in self._named_parameters())
+    def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        self._load(weights if weights is not None else ((name, p.detach()) for name, p in self._named_parameters()))
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         return list(self.model.named_parameters())  # tied weights once, as vLLM's loader expects
