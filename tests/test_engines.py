@@ -313,10 +313,11 @@ def log_of(run: Path) -> list[dict]:
 
 
 @needs_vllm
-@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank", "lowrank-sampled"])
 def test_es_runs_on_vllm_and_its_seeds_rebuild_it_without_an_engine(noise_mode, vllm_model_dir, tmp_path):
     run = tmp_path / "run"
-    es.main(es_args(vllm_model_dir, run, "--noise", noise_mode))
+    sampled = ["--temperature", "1", "--samples-per-prompt", "2"] if noise_mode.endswith("sampled") else []
+    es.main(es_args(vllm_model_dir, run, "--noise", noise_mode.removesuffix("-sampled"), *sampled))
     train = [r for r in log_of(run) if "reward_mean" in r]
     assert [r["iteration"] for r in train] == [1, 2, 3] and any(not r["skipped"] for r in train)
     config = (run / "config.yaml").read_text()

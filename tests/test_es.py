@@ -113,10 +113,13 @@ def test_paper_defaults_per_env():
 
 
 NOISE = {"full": [], "lowrank": ["--noise", "lowrank", "--rank", "2", "--mirrored", "true"],
-         "full-bf16": ["--dtype", "bf16"], "lowrank-bf16": ["--noise", "lowrank", "--dtype", "bf16"]}
+         "full-bf16": ["--dtype", "bf16"], "lowrank-bf16": ["--noise", "lowrank", "--dtype", "bf16"],
+         "full-sampled": ["--temperature", "1", "--samples-per-prompt", "2"],
+         "lowrank-sampled": ["--noise", "lowrank", "--mirrored", "true", "--temperature", "1", "--samples-per-prompt", "2"]}
 
 
-@pytest.mark.parametrize("noise_mode", ["full", "lowrank", "full-bf16", "lowrank-bf16"])
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank", "full-bf16", "lowrank-bf16", "full-sampled",
+                                        "lowrank-sampled"])
 def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, kill_on_call):
     full = tmp_path / "full"
     es.main(run_args(tiny_model_dir, full, *NOISE[noise_mode]))
@@ -144,6 +147,47 @@ def test_run_resume_after_kill_and_replay(noise_mode, tmp_path, tiny_model_dir, 
     model, _, last = rebuild(full)
     assert last == 4
     assert_same_weights(final_weights(full), {k: v for k, v in model.state_dict().items() if k in final_weights(full)})
+
+
+@pytest.mark.parametrize("noise_mode", ["full", "lowrank"])
+def test_temperature_zero_is_the_greedy_run(noise_mode, tmp_path, tiny_model_dir, monkeypatch):
+    """--temperature 0 (the default) is the paper's greedy loop, bit for bit: members generate with
+    temperature 0 and no seed, and the explicit flags change nothing."""
+    calls = []
+    real = es.rollout
+    monkeypatch.setattr(es, "rollout", lambda *a, **k: calls.append((a[5:7], k.get("perturbation") is not None))
+                        or real(*a, **k))
+    short = ["--iterations", "2", "--eval-every", "0", *NOISE[noise_mode]]
+    es.main(run_args(tiny_model_dir, tmp_path / "default", *short))
+    assert calls and all(args == (0.0, None) for args, member in calls if member)  # temperature, seeds
+    es.main(run_args(tiny_model_dir, tmp_path / "zero", *short, "--temperature", "0", "--top-p", "0.5",
+                     "--samples-per-prompt", "1"))
+    assert (tmp_path / "default" / "updates.jsonl").read_text() == (tmp_path / "zero" / "updates.jsonl").read_text()
+    assert_same_weights(final_weights(tmp_path / "default"), final_weights(tmp_path / "zero"))
+
+
+def test_sampled_members_share_their_sample_seeds(tmp_path, tiny_model_dir, monkeypatch):
+    """Every member of an iteration (mirrored pairs included) is measured on the same sample seeds,
+    K per prompt; the next iteration draws new ones."""
+    seen = []
+    real = es.rollout
+    monkeypatch.setattr(es, "rollout", lambda *a, **k: seen.append((a[7] if len(a) > 7 else None, tuple(a[6] or ())))
+                        or real(*a, **k))
+    es.main(run_args(tiny_model_dir, tmp_path / "run", "--iterations", "2", "--eval-every", "0", "--mirrored", "true",
+                     "--temperature", "1", "--samples-per-prompt", "3"))
+    members = [(k, seeds) for k, seeds in seen if seeds]
+    assert len(members) == 8 and all(k == 3 for k, _ in members)  # 4 members x 2 iterations, 3 samples per prompt
+    first, second = {s for _, s in members[:4]}, {s for _, s in members[4:]}
+    assert len(first) == len(second) == 1 and first != second
+    assert len(next(iter(first))) == 2 * 3  # Conciseness-v0's 2 training prompts x 3 samples
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "samples" in r] == [24, 48]  # N=4 x 2 prompts x 3 samples per iteration
+
+
+def test_samples_per_prompt_needs_a_temperature(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        es.main(["--env", "Conciseness-v0", "--samples-per-prompt", "4", "--out", str(tmp_path / "run")])
+    assert "--samples-per-prompt: needs --temperature > 0" in capsys.readouterr().err
 
 
 def test_replay_and_resume_refuse_another_noise_device(tmp_path, tiny_model_dir, capsys):

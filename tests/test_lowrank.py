@@ -185,7 +185,7 @@ PROMPTS = [chat("Say 3."), chat("What is the capital of France? Answer in one wo
            chat("the a an of to in is it that for on with as was be by this are or from at which but not")]
 
 
-def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
+def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch, *extra: str):
     """(rewards, accuracy, tokens, rows per generate call) of a mirrored population of 4 (two pairs)
     through ``es.evaluate_batched``."""
     from trainers import es
@@ -193,7 +193,7 @@ def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
 
     cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--rank", "2", "--sigma", str(SIGMA),
                       "--population", "4", "--mirrored", "true", "--max-new-tokens", "8",
-                      *(["--gen-batch-size", str(gen_batch_size)] if gen_batch_size else [])])
+                      *(["--gen-batch-size", str(gen_batch_size)] if gen_batch_size else []), *extra])
     seeds, signs = es.population(cfg, 1)
     batch = [Example(f"p{i}", p, "a") for i, p in enumerate(PROMPTS)]
     calls = []
@@ -202,7 +202,8 @@ def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch):
                         or real(engine, s, examples, *a, **k))
     arrays = [np.zeros(4) for _ in range(3)]
     es.evaluate_batched(cfg, HFEngine(model, tokenizer), BatchScorer(ParityEnv(), 0),
-                        lowrank.select_layers(model, None, 2), batch, [(n, seeds[n], signs[n]) for n in range(4)], *arrays)
+                        lowrank.select_layers(model, None, 2), batch, [(n, seeds[n], signs[n]) for n in range(4)], *arrays,
+                        samples=es.sample_seeds(cfg, 1, len(batch)))
     return (*arrays, calls, seeds, signs, batch)
 
 
@@ -232,6 +233,32 @@ def test_gen_batch_size_caps_every_low_rank_call_below_the_prompts_per_member(ti
     assert max(seen) <= 2 and sum(seen) == 12
     for a, b in zip(split, whole):
         assert np.array_equal(a, b)
+
+
+def test_sampled_members_are_each_the_mean_over_their_samples_on_common_seeds(tiny_model, tiny_tokenizer, monkeypatch):
+    """--temperature 1 --samples-per-prompt 2: each member's numbers are those of that member alone,
+    sampled with the iteration's seeds (the same for every member) over its 3 prompts x 2 samples,
+    whether its rows come in one call or in calls of 2."""
+    from trainers import es
+
+    sampled = ["--temperature", "1", "--samples-per-prompt", "2"]
+    rewards, accuracy, tokens, seen, seeds, signs, batch = batched_numbers(tiny_model, tiny_tokenizer, None,
+                                                                           monkeypatch, *sampled)
+    assert seen == [24]  # 4 members x 3 prompts x 2 samples, one call
+    cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--seed", "0", *sampled])
+    row_seeds = es.sample_seeds(cfg, 1, 3)
+    assert len(set(row_seeds)) == 6 and es.sample_seeds(cfg, 2, 3) != row_seeds  # per (prompt, sample), per iteration
+    env = ParityEnv()
+    for n, (seed, sign) in enumerate(zip(seeds, signs)):
+        alone = generate(explicit_member(tiny_model, seed, sign, 2), tiny_tokenizer, [p for p in PROMPTS for _ in range(2)],
+                         max_new_tokens=8, temperature=1.0, seed=row_seeds)
+        scores = [env.score_completion(text, e) for text, e in zip(alone.texts, [e for e in batch for _ in range(2)])]
+        assert rewards[n] == np.mean([s.reward for s in scores]), n
+        assert tokens[n] == sum(alone.num_tokens), n
+    split = batched_numbers(tiny_model, tiny_tokenizer, 2, monkeypatch, *sampled)
+    assert max(split[3]) <= 2 and all(np.array_equal(a, b) for a, b in zip(split[:3], (rewards, accuracy, tokens)))
+    greedy = batched_numbers(tiny_model, tiny_tokenizer, None, monkeypatch)
+    assert not np.array_equal(greedy[0], rewards)  # sampling changed what the members were measured on
 
 
 # ----- what low-rank mode cannot perturb: MoE experts -------------------------------------------------------

@@ -195,12 +195,14 @@ def test_progress_is_reported_to_the_end(tiny_model, tiny_tokenizer):
 
 
 def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
-    for mode in ("lowrank", "full"):
-        run = tmp_path / mode
-        es.main([*es_args(tiny_model_dir, run, "--noise", mode), "--engine", "native"])
+    sampled = ["--temperature", "1", "--samples-per-prompt", "2"]
+    for mode, extra in (("lowrank", []), ("full", []), ("lowrank", sampled), ("full", sampled)):
+        run = tmp_path / f"{mode}-{len(extra)}"
+        es.main([*es_args(tiny_model_dir, run, "--noise", mode, *extra), "--engine", "native"])
         train = [r for r in log_of(run) if "reward_mean" in r]
         assert [r["iteration"] for r in train] == [1, 2, 3]
         assert "engine: native" in (run / "config.yaml").read_text()
+        assert train[-1]["samples"] == 3 * 4 * 2 * (2 if extra else 1)
 
 
 def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):

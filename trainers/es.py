@@ -10,6 +10,11 @@ by tensor (1/sigma is folded into alpha, as in the paper).
 the weights are never touched during evaluation, and all N members generate in ONE batched call,
 each on its own rows (``trainers/noise/lowrank.py``). Same z-scores, same alpha and sigma.
 
+``--temperature T > 0`` measures members on sampled responses instead of greedy ones (the paper's
+future work): ``--samples-per-prompt K`` responses per prompt, a member's fitness the mean over
+them. Every member draws with the same sample seeds, derived from (run seed, iteration, prompt,
+sample), so members are compared on common random numbers and mirrored pairs share them.
+
     python -m trainers.es --env Sudoku-v0
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
     python -m trainers.es --env Countdown-v0 --noise lowrank --rank 1 --population 64
@@ -59,6 +64,8 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
     "ARC-AGI-v0": dict(population=50, sigma=1e-3, alpha=3e-4, iterations=1500),
 }
 GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
+#: Keeps members' sample seeds apart from every other use of the run seed.
+SAMPLE_STREAM = 0x5A3D
 
 
 @dataclass
@@ -93,6 +100,11 @@ class ESConfig(TrainConfig):
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
     dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
                                                                "fp32 keeps updates smaller than bf16's step)"})
+    temperature: float = field(default=0.0, metadata={"help": "members' decoding: 0 = greedy (the paper's); > 0 samples, "
+                                                              "with the same sample seeds for every member"})
+    top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold of members' responses (--temperature > 0)"})
+    samples_per_prompt: int = field(default=1, metadata={"help": "K, sampled responses per prompt and member; a member's "
+                                                                 "fitness is the mean over its K x prompts responses"})
 
     def validate(self) -> None:
         super().validate()
@@ -107,6 +119,11 @@ class ESConfig(TrainConfig):
         check(self.alpha > 0 and np.isfinite(self.alpha), "alpha", "must be a positive number")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.rank >= 1, "rank", "must be >= 1")
+        check(self.temperature >= 0 and np.isfinite(self.temperature), "temperature", "must be >= 0")
+        check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
+        check(self.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1")
+        check(self.samples_per_prompt == 1 or self.temperature > 0, "samples_per_prompt",
+              "needs --temperature > 0 (greedy samples of a prompt are identical)")
         check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
         if self.engine == "vllm" and self.noise == "lowrank":  # its hooks run only outside compiled graphs
             check(self.vllm_eager is not False, "vllm_eager", "must be true with --noise lowrank on --engine vllm")
@@ -127,6 +144,16 @@ def population(cfg: ESConfig, iteration: int) -> tuple[list[int], list[float]]:
         seeds = [fullrank.member_seed(cfg.seed, iteration, n // 2) for n in range(cfg.population)]
         return seeds, [1.0 if n % 2 == 0 else -1.0 for n in range(cfg.population)]
     return [fullrank.member_seed(cfg.seed, iteration, n) for n in range(cfg.population)], [1.0] * cfg.population
+
+
+def sample_seeds(cfg: ESConfig, iteration: int, prompts: int) -> list[int] | None:
+    """The sampling seed of each (prompt, sample) row of an iteration, prompt-major, from (run seed,
+    iteration, prompt, sample): every member draws with the same ones (common random numbers);
+    None when members decode greedily."""
+    if cfg.temperature == 0:
+        return None
+    return [int(np.random.SeedSequence([cfg.seed, SAMPLE_STREAM, iteration, p, k]).generate_state(2, np.uint32)
+                .view(np.uint64)[0] >> 1) for p in range(prompts) for k in range(cfg.samples_per_prompt)]
 
 
 def normalise(rewards: np.ndarray, rank_shaping: bool = False) -> np.ndarray | None:
@@ -173,18 +200,20 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
     seeds, signs = population(cfg, iteration)
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
     mine = list(range(rank, cfg.population, world))
+    samples = sample_seeds(cfg, iteration, len(batch))
     start = time.perf_counter()
     if cfg.noise == "lowrank":
         evaluate_batched(cfg, engine, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
-                         rewards, accuracy, tokens, clock)
+                         rewards, accuracy, tokens, clock, samples)
         if clock is not None:
             clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
     members = bar(mine, total=len(mine), desc=f"iteration {iteration}", unit="member", disable=clock is None)
     for k, n in enumerate(members):  # the paper's loop: the engine perturbs, generates and restores exactly
         member = FullRankMember(params, seeds[n], cfg.sigma, signs[n], cfg.shared_noise)
-        r = rollout(engine, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32, perturbation=member,
-                    progress=clock is not None and f"member {n}", on_progress=clock and clock.generation)
+        r = rollout(engine, scorer, batch, cfg.max_new_tokens, cfg.gen_batch_size or 32, cfg.temperature, samples,
+                    cfg.samples_per_prompt, cfg.top_p, perturbation=member, progress=clock is not None and f"member {n}",
+                    on_progress=clock and clock.generation)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
         if clock is not None:
             clock.trained(time.perf_counter() - start, (k + 1) / len(mine), "member")
@@ -192,12 +221,15 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
 
 
 def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, members, rewards, accuracy, tokens,
-                     clock: RunClock | None = None) -> None:
-    """Low-rank mode: every (member, prompt) pair is one row of one engine call, rows
+                     clock: RunClock | None = None, samples: list[int] | None = None) -> None:
+    """Low-rank mode: every (member, prompt, sample) triple is one row of one engine call, rows
     member-major; more calls only when the rows do not fit in memory (an engine that schedules
     its rows itself fits them all). ``--gen-batch-size`` caps the rows of every call: whole
-    members while P prompts fit, else one member's prompts split over calls. Fills the per-member
-    arrays in place, over all P rows of each member; with a ``clock``, a bar shows the rows done."""
+    members while a member's P rows fit, else one member's rows split over calls. ``samples``: the
+    sampling seed of each of a member's rows, the same for every member (None: greedy). Fills the
+    per-member arrays in place, over all P rows of each member; with a ``clock``, a bar shows the
+    rows done."""
+    batch = [e for e in batch for _ in range(cfg.samples_per_prompt)]  # a member's rows, prompt-major
     P = len(batch)
     if cfg.gen_batch_size:
         cap = cfg.gen_batch_size
@@ -215,10 +247,11 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         else:  # one member's prompts over several calls
             chunk, prompts = members[first:first + 1], batch[prompt:prompt + cap]
         pop = LowRankMembers(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
+        row_seeds = None if samples is None else [s for _ in chunk for s in samples[prompt:prompt + len(prompts)]]
         try:
             r = rollout(engine, scorer, [e for _ in chunk for e in prompts], cfg.max_new_tokens,
-                        len(chunk) * len(prompts), sort=False, perturbation=pop,
-                        progress=clock is not None and f"{len(chunk)} members' rows",
+                        len(chunk) * len(prompts), cfg.temperature, row_seeds, top_p=cfg.top_p, sort=False,
+                        perturbation=pop, progress=clock is not None and f"{len(chunk)} members' rows",
                         on_progress=clock and clock.generation)
         except torch.OutOfMemoryError:  # the estimate was optimistic: halve the call and retry
             if cap == 1:
@@ -343,8 +376,10 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
     shorten = options(*["--noise lowrank (the whole population in one batched generation)"] * (cfg.noise == "full"),
                       f"--batch-size (prompts per iteration, now {per_iteration})",
                       f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
-    return RunClock(say, "iteration", left, members * per_iteration, f"N={cfg.population} x {per_iteration} prompts",
-                    shorten, device, cfg.max_new_tokens, eval_rows, evals, whole_calls)
+    samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
+    return RunClock(say, "iteration", left, members * per_iteration * cfg.samples_per_prompt,
+                    f"N={cfg.population} x {per_iteration} prompts{samples}", shorten, device, cfg.max_new_tokens,
+                    eval_rows, evals, whole_calls)
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -360,10 +395,12 @@ def train(cfg: ESConfig) -> Path:
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
-    per_step = cfg.population * per_iteration  # responses one iteration generates
+    per_member = per_iteration * cfg.samples_per_prompt  # responses a member generates
+    per_step = cfg.population * per_member  # responses one iteration generates
     if cfg.max_samples is not None and cfg.max_samples < per_step:
+        samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
-                          f"{per_iteration} prompts = {per_step} responses")
+                          f"{per_iteration} prompts{samples} = {per_step} responses")
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
@@ -393,10 +430,13 @@ def train(cfg: ESConfig) -> Path:
         else Budget(cfg.max_samples)
 
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
+    decoding = "greedy members" if cfg.temperature == 0 else (
+        f"members sampled at temperature {cfg.temperature:g}{f', top-p {cfg.top_p:g}' if cfg.top_p < 1 else ''}, "
+        f"{cfg.samples_per_prompt} per prompt")
     mode += f", {dist.world} processes" if dist.world > 1 else ""
     share = params.numel() / sum(p.numel() for p in model.parameters())
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}), "
-        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, "
+        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, {decoding}, "
         f"engine {engine.name}, run dir {run.path}")
     if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
         say(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs nn.Linear / "
