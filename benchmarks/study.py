@@ -52,13 +52,19 @@ from trainers.common.config import (USER_ERRORS, ConfigError, build_config, chec
 from trainers.common.models import resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.common.splits import MIN_VALIDATION, VALIDATION
-from trainers.engines import ENGINE_FIELDS, EngineOptions
+from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
 from trainers.engines.bars import bar as progress_bar
+from trainers.engines.options import ENGINES_HELP
 
-METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
+METHODS = ("es_full", "es_lowrank", "es_sampled", "grpo", "dr_grpo", "ppo")
+#: The methods a study runs unless --methods names others (es_sampled is the optional one).
+DEFAULT_METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.
-LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
-          "ppo": "PPO"}
+LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "es_sampled": "ES (low-rank, sampled)",
+          "grpo": "GRPO", "dr_grpo": "Dr.GRPO", "ppo": "PPO"}
+#: The study's default engine: native where it runs (no start-up cost, and 1.2-5x HF on this CPU),
+#: else hf; vLLM generates faster but takes ~20 s to start for each training run and evaluation.
+AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
 INVOCATION = ("device", "grad_accum", *(name for name in ENGINE_FIELDS if name != "engine"))
@@ -66,6 +72,9 @@ INVOCATION = ("device", "grad_accum", *(name for name in ENGINE_FIELDS if name !
 
 @dataclass
 class StudyConfig(EngineOptions):
+    engine: str = field(default=AUTO_ENGINE, metadata={
+        "help": f"generation engine of every run and evaluation: auto (native for a Llama/Qwen2 model on CPU, hf "
+                f"otherwise), {ENGINES_HELP}", "choices": [AUTO_ENGINE, *ENGINES]})
     env: str = field(default="Conciseness-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     seeds: int = field(default=4, metadata={"help": "seeds per method and setting (runs use seeds 0..K-1)"})
     max_samples: int = field(default=256, metadata={"help": "generated training responses per run, the same for "
@@ -73,12 +82,17 @@ class StudyConfig(EngineOptions):
     model: str = field(default="smollm2-135m", metadata={"help": "base model: Hugging Face id, local directory, or smollm2-135m"})
     out: str | None = field(default=None, metadata={"help": "study directory (default runs/study-ENV-TIME); "
                                                             "running again with the same --out resumes"})
-    methods: str = field(default=",".join(METHODS), metadata={"help": f"comma-separated subset of {', '.join(METHODS)}"})
+    methods: str = field(default=",".join(DEFAULT_METHODS), metadata={
+        "help": f"comma-separated subset of {', '.join(METHODS)} (es_sampled: low-rank ES whose members are "
+                f"measured on --es-samples sampled responses per prompt)"})
     sigmas: str = field(default="5e-4,1e-3", metadata={"help": "ES sigma grid, one setting each"})
-    alpha_ratio: float = field(default=0.5, metadata={"help": "ES alpha = alpha_ratio x sigma (the paper's Conciseness: 0.5)"})
+    alpha_ratios: str = field(default="0.5", metadata={"help": "ES alpha = ratio x sigma, a grid (the paper's "
+                                                                 "Conciseness: 0.5); with several, sigma x ratio"})
     population: int = field(default=8, metadata={"help": "N of full-rank ES"})
     lowrank_population: int = field(default=32, metadata={"help": "N of low-rank ES (one batched generation per iteration)"})
     rank: int = field(default=1, metadata={"help": "R of low-rank ES"})
+    es_samples: int = field(default=4, metadata={"help": "es_sampled: sampled responses per prompt and member"})
+    es_temperature: float = field(default=1.0, metadata={"help": "es_sampled: members' sampling temperature"})
     mirrored: bool = field(default=True, metadata={"help": "ES antithetic pairs"})
     betas: str = field(default="0,1e-3", metadata={"help": "RL KL-coefficient grid (include 0: the no-KL arm)"})
     lrs: str = field(default="1e-6,1e-5", metadata={"help": "RL learning-rate grid"})
@@ -116,13 +130,15 @@ class StudyConfig(EngineOptions):
         check(bool(self.method_list), "methods", "name at least one method")
         check(self.seeds >= 1, "seeds", "must be >= 1")
         check(self.max_samples >= 1, "max_samples", "must be >= 1")
-        for name in ("sigmas", "betas", "lrs"):
+        for name in ("sigmas", "alpha_ratios", "betas", "lrs"):
             values = self.grid(name)
             check(all(math.isfinite(v) for v in values), name, "must be finite numbers")
         check(all(s > 0 for s in self.grid("sigmas")), "sigmas", "must be > 0")
         check(all(b >= 0 for b in self.grid("betas")), "betas", "must be >= 0")
         check(all(lr > 0 for lr in self.grid("lrs")), "lrs", "must be > 0")
-        check(self.alpha_ratio > 0, "alpha_ratio", "must be > 0")
+        check(all(a > 0 for a in self.grid("alpha_ratios")), "alpha_ratios", "must be > 0")
+        check(self.es_samples >= 1, "es_samples", "must be >= 1")
+        check(self.es_temperature > 0, "es_temperature", "must be > 0 (es_sampled samples)")
         for name in ("population", "lowrank_population"):
             check(getattr(self, name) >= 2, name, "must be >= 2")
             check(not self.mirrored or getattr(self, name) % 2 == 0, name, "must be even with --mirrored")
@@ -135,6 +151,7 @@ class StudyConfig(EngineOptions):
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
         env_kwargs(self.env_args)
         check_engine(self)
+        resolve_engine(self)
         if self.metric is None:
             self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
         if self.kl_samples is None:
@@ -170,7 +187,10 @@ class Run:
 def settings(cfg: StudyConfig, method: str) -> list[tuple[str, dict[str, float]]]:
     """The grid points of ``method``: (name, hyperparameters)."""
     if method.startswith("es_"):
-        return [(f"sigma={s:g}", {"sigma": s, "alpha": cfg.alpha_ratio * s}) for s in cfg.grid("sigmas")]
+        ratios = cfg.grid("alpha_ratios")
+        if len(ratios) == 1:
+            return [(f"sigma={s:g}", {"sigma": s, "alpha": ratios[0] * s}) for s in cfg.grid("sigmas")]
+        return [(f"sigma={s:g}_alpha={r * s:g}", {"sigma": s, "alpha": r * s}) for s in cfg.grid("sigmas") for r in ratios]
     return [(f"beta={b:g}_lr={lr:g}", {"beta": b, "lr": lr}) for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
 
 
@@ -185,6 +205,8 @@ def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
         return cfg.population * prompts
     if method == "es_lowrank":
         return cfg.lowrank_population * prompts
+    if method == "es_sampled":
+        return cfg.lowrank_population * prompts * cfg.es_samples
     return prompts * cfg.group_size
 
 
@@ -239,13 +261,15 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
     steps = cfg.max_samples // per_step(cfg, run.method, prompts)
     hp = {k: repr(v) for k, v in run.hparams.items()}
     if run.method.startswith("es_"):
-        lowrank = run.method == "es_lowrank"
+        lowrank = run.method in ("es_lowrank", "es_sampled")
         argv += ["--iterations", str(steps), "--checkpoint-every", str(max(1, steps)),  # resume replays the seeds
                  "--population", str(cfg.lowrank_population if lowrank else cfg.population),
                  "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
                  "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
         if cfg.dtype:
             argv += ["--dtype", cfg.dtype]
+        if run.method == "es_sampled":
+            argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
         argv += ["--steps", str(steps), "--checkpoint-every", str(max(1, steps // 4)), "--group-size",
                  str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
@@ -254,7 +278,7 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
 
 
 def trainer_of(method: str):
-    name = {"es_full": "es", "es_lowrank": "es", "grpo": "grpo", "dr_grpo": "grpo", "ppo": "ppo"}[method]
+    name = {"es_full": "es", "es_lowrank": "es", "es_sampled": "es", "grpo": "grpo", "dr_grpo": "grpo", "ppo": "ppo"}[method]
     return __import__(f"trainers.{name}", fromlist=["resolve", "train"])
 
 
@@ -335,6 +359,11 @@ def training_runtime(run: Run) -> list[str]:
     return list(dict.fromkeys(f"{r['device']} {r['dtype']}" for r in read_jsonl(run.path / RUNTIME_FILE)))
 
 
+def training_engines(run: Run) -> list[str]:
+    """The engines the run generated with, per start and resume (runs recorded before: none)."""
+    return list(dict.fromkeys(r["engine"] for r in read_jsonl(run.path / RUNTIME_FILE) if "engine" in r))
+
+
 def recorded_devices(out: Path) -> dict[str, str]:
     """Device type -> one place that recorded it, over the study's runs and evaluations so far."""
     found: dict[str, str] = {}
@@ -375,7 +404,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
     bar.update(1)
     record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
               "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
-              "runtime": training_runtime(run)}
+              "runtime": training_runtime(run), "engines": training_engines(run)}
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
@@ -392,7 +421,7 @@ def brief(summary: dict[str, Any]) -> dict[str, Any]:
     """What the study keeps of a harness summary."""
     keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
             "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
-            "kl_std", "kl_estimator", "errors", "device", "dtype", "file")
+            "kl_std", "kl_estimator", "errors", "device", "dtype", "engine", "file")
     return {k: summary.get(k) for k in keys}
 
 
@@ -423,6 +452,26 @@ def select(cfg: StudyConfig, records: list[dict[str, Any]]) -> dict[str, dict[st
 
 
 # ----- the command ------------------------------------------------------------------------------------------
+
+
+def resolve_engine(cfg: StudyConfig) -> None:
+    """``--engine auto``: native for a model it runs, on CPU; hf otherwise (see ``AUTO_ENGINE``)."""
+    if cfg.engine != AUTO_ENGINE:
+        return
+    from transformers import AutoConfig
+
+    from trainers.common.models import ALIASES
+    from trainers.engines.native.model import SUPPORTED
+
+    if resolve_device(cfg.device).type != "cpu":
+        cfg.engine = "hf"
+        return
+    try:
+        model_type = "llama" if cfg.model.lower() in ALIASES else \
+            AutoConfig.from_pretrained(cfg.model, local_files_only=True).model_type
+    except (OSError, ValueError):
+        model_type = None
+    cfg.engine = "native" if model_type in SUPPORTED else "hf"
 
 
 def study(cfg: StudyConfig) -> Path:

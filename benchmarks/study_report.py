@@ -62,7 +62,20 @@ def numerics(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
         training = ", ".join(f"{label} {t}" for label, ts in trained.items() for t in ts)
     else:
         training = kinds.pop() if kinds else "not recorded"
-    return f"device and dtype: evaluation {evaluated.pop() if evaluated else 'not recorded'}, training {training}"
+    text = f"device and dtype: evaluation {evaluated.pop() if evaluated else 'not recorded'}, training {training}"
+    return text + engines_note(base, records)
+
+
+def engines_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """Which engine generated the study's responses (training and evaluation), when recorded."""
+    summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
+    evaluated = sorted({s["engine"] for s in summaries if s.get("engine")})
+    trained = sorted({e for r in records for e in r.get("engines") or []})
+    if not evaluated and not trained:
+        return ""
+    if evaluated == trained:
+        return f"; engine: {', '.join(trained)}"
+    return f"; engine: training {', '.join(trained) or 'not recorded'}, evaluation {', '.join(evaluated) or 'not recorded'}"
 
 
 def hacked(record: dict[str, Any], original: dict[str, Any] | None) -> bool | None:

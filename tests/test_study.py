@@ -53,7 +53,7 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
 
     results = json.loads((out / "results.json").read_text())
     runs = results["runs"]
-    assert len(runs) == 16 and {r["method"] for r in runs} == set(study.METHODS)
+    assert len(runs) == 16 and {r["method"] for r in runs} == set(study.DEFAULT_METHODS)
     for r in runs:
         assert r["validation"]["samples"] <= 32  # never over the budget
         assert r["greedy"]["split"] == "test" and r["kl"]["samples"] == 2 and r["kl"]["kl_mean"] is not None
@@ -73,7 +73,7 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     for name in ("table1.md", "table2.md", "runs.md", "seed_variance.md"):
         text = (out / name).read_text()
         assert "(budget 32): ES (full-rank) 32, ES (low-rank) 32, GRPO 32, Dr.GRPO 32, PPO 32" in text, name
-        assert "device and dtype: evaluation cpu float32, training cpu float32" in text, name
+        assert "device and dtype: evaluation cpu float32, training cpu float32; engine: native" in text, name
     assert all(r["runtime"] == ["cpu float32"] and r["greedy"]["device"] == "cpu" for r in runs)
     # weights are deleted once measured; logs stay
     assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
@@ -107,6 +107,22 @@ def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_
     study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
     assert (out / "table1.md").is_file()
     assert json.loads((out / "results.json").read_text())["runs"][0]["greedy"]["n"] > 0
+
+
+def test_es_grid_over_sigma_and_alpha_and_sampled_members(tmp_path, tiny_model_dir, one_thread):
+    """--alpha-ratios with several values makes ES's grid sigma x alpha; es_sampled is low-rank ES
+    on sampled members, its budget counting every sample."""
+    out = tmp_path / "study"
+    study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_lowrank,es_sampled", "--alpha-ratios",
+                         "0.5,2", "--es-samples", "2", "--kl-samples", "0", "--engine", "hf"))
+    results = json.loads((out / "results.json").read_text())
+    settings = {(r["method"], r["setting"]) for r in results["runs"]}
+    assert settings == {(m, s) for m in ("es_lowrank", "es_sampled") for s in ("sigma=0.01_alpha=0.005", "sigma=0.01_alpha=0.02")}
+    assert {r["validation"]["samples"] for r in results["runs"]} == {32}  # es_sampled: 8 members x 2 prompts x 2 samples
+    config = (out / "runs" / "es_sampled" / "sigma=0.01_alpha=0.02" / "seed=0" / "config.yaml").read_text()
+    assert "temperature: 1.0" in config and "samples_per_prompt: 2" in config and "alpha: 0.02" in config
+    assert "ES (low-rank, sampled)" in (out / "table1.md").read_text()
+    assert "; engine: hf" in (out / "table1.md").read_text()
 
 
 def test_selection_never_reads_the_test_split():
@@ -230,7 +246,7 @@ def test_shipped_study_configs_parse():
     for path in configs:
         cfg = study.StudyConfig(**load_yaml(path))
         cfg.validate()
-        assert cfg.method_list == list(study.METHODS), path
+        assert set(study.DEFAULT_METHODS) <= set(cfg.method_list), path
         assert 0.0 in cfg.grid("betas"), f"{path}: the RL grid needs a beta = 0 arm"
 
 
