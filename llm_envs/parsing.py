@@ -21,6 +21,16 @@ def last_tag(text: str, tag: str) -> str | None:
     return blocks[-1].strip() if blocks else None
 
 
+def final_answer(text: str, tag: str = "answer") -> str | None:
+    """The model's last answer, stripped: the content of the last ``<tag>...</tag>`` block, or, when
+    the text ends inside an opened block that was never closed (the model wrote its answer and
+    stopped), everything after that last opening tag; ``None`` without either. Linear in the text."""
+    opened = text.rfind(f"<{tag}>")
+    if opened >= 0 and text.find(f"</{tag}>", opened) < 0:
+        return text[opened + len(tag) + 2:].strip()
+    return last_tag(text, tag)
+
+
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)
 
 

@@ -198,6 +198,8 @@ def test_golden_answers(task, forked):
             (f"I think it is {right}.", ex, 0.0),  # no answer block
             (golden("wrong") + f"\nNo wait.\n<answer> {right} </answer>", ex, 1.0),  # the last one counts
             (golden(right) + "\n<answer>wrong</answer>", ex, None),
+            (f"<think>x</think>\n<answer> {right} ", ex, 1.0),  # answered, then stopped without closing
+            (golden("wrong") + f"\n<answer>{right}", ex, 1.0),  # an open last block is the last answer
         ]
     scores = env.score_batch([c for c, _, _ in cases], [e for _, e, _ in cases], workers=1)
     for (completion, ex, expected), score in zip(cases, scores):
@@ -206,7 +208,8 @@ def test_golden_answers(task, forked):
             assert score.reward < 1.0 and not score.correct, (completion, ex.answer, score)
         else:
             assert score.reward == expected and score.correct == (expected == 1.0), (completion, score)
-            assert score.parts == {"format": float("<answer>" in completion), "answer": expected}
+            closed = 1.0 if completion.rstrip().endswith("</answer>") else 0.5
+            assert score.parts == {"format": closed if "<answer>" in completion else 0.0, "answer": expected}
     # The opening is part of the scored turn: step() takes the completion alone.
     env.reset(options={"split": "test", "index": 0})
     _, reward, terminated, _, info = env.step(f"Easy.</think>\n<answer>{examples[0].answer}</answer>")
@@ -214,6 +217,7 @@ def test_golden_answers(task, forked):
     env.close()
     opened = make(task, train_size=0, test_size=1, opening="<think>x</think>\n<answer>")
     assert opened.score(f"{examples[0].answer}</answer>", opened.examples("test")[0]).reward == 1.0
+    assert opened.score(f"{examples[0].answer}", opened.examples("test")[0]).reward == 1.0  # the stop token came first
     opened.close()
 
 
@@ -332,3 +336,14 @@ def test_list_cli_help_and_bad_flag():
     bad = run("--no-such-flag")
     assert bad.returncode == 2 and bad.stderr.strip().splitlines() == [
         "python -m llm_envs.list: error: unrecognized arguments: --no-such-flag (--help lists the options)"]
+
+
+def test_final_answer_reads_the_last_block_closed_or_left_open():
+    from llm_envs.parsing import final_answer
+
+    assert final_answer("<answer> 7 </answer>") == "7"
+    assert final_answer("<answer>1</answer> then <answer>2</answer>") == "2"
+    assert final_answer("<answer>1</answer> then <answer> 2") == "2"  # the turn ended inside the last block
+    assert final_answer("<answer> 1 + 6 = 7") == "1 + 6 = 7"
+    assert final_answer("no block at all") is None and final_answer("<answer>") == ""
+    assert final_answer("<answer>" * 20_000 + "x") == "x"  # linear, whatever the input

@@ -27,9 +27,11 @@
   that one).
 - **Reward**: the task's own ``score_answer(answer, entry)`` of the content of the LAST
   ``<answer>...</answer>`` block of the whole assistant turn (opening + completion), stripped, as
-  reasoning-gym's ``extract_answer`` reads it; no answer block scores 0. ``correct`` is
-  ``reward == 1`` (within 1e-9). ``parts``: ``format`` (1 when an answer block exists) and
-  ``answer`` (the task's score). Each example keeps its reasoning-gym entry: ``answer`` is the
+  reasoning-gym's ``extract_answer`` reads it; a turn that ends inside an ``<answer>`` block it
+  never closed (a small model writes its answer, then its stop token) is read to its end
+  (``parsing.final_answer``); no answer block scores 0. ``correct`` is ``reward == 1`` (within
+  1e-9). ``parts``: ``format`` (1 for a closed answer block, 0.5 for one left open, 0 for none)
+  and ``answer`` (the task's score). Each example keeps its reasoning-gym entry: ``answer`` is the
   entry's answer (``None`` for tasks with many valid answers, scored by checking the model's),
   ``meta`` holds the ``task``, ``question`` and ``metadata`` (``entry(example)`` rebuilds it).
 - **Time bounds**: reasoning-gym scorers are arbitrary Python, some with sympy, which can spend
@@ -68,7 +70,7 @@ import gymnasium as gym
 from llm_envs.core import TaskEnv, chat
 from llm_envs.data import FieldError, require
 from llm_envs.envs.countdown import OPENING, PAPER_SYSTEM_PROMPT
-from llm_envs.parsing import last_tag
+from llm_envs.parsing import final_answer, last_tag
 from llm_envs.types import Example, Score
 
 NAMESPACE = "rg"
@@ -338,12 +340,13 @@ class ReasoningGymEnv(TaskEnv):
             self._scoring_dataset = self._dataset(self._config("test", size=1))
 
     def score_completion(self, completion: str, example: Example) -> Score:
-        answer = last_tag(completion, "answer")  # reasoning-gym's extract_answer, on the whole turn
+        answer = final_answer(completion)  # the last <answer> block of the whole turn, closed or not
         if answer is None:
             return Score(0.0, False, {"format": 0.0, "answer": 0.0})
         self.prepare_scoring()
         reward = float(self._scoring_dataset.score_answer(answer, entry(example)))
-        return Score(reward, reward >= 1.0 - 1e-9, {"format": 1.0, "answer": reward})
+        closed = last_tag(completion, "answer") == answer
+        return Score(reward, reward >= 1.0 - 1e-9, {"format": 1.0 if closed else 0.5, "answer": reward})
 
     def __getstate__(self) -> dict[str, Any]:
         # What a scoring worker needs: the task and its config, not the examples or the dataset
