@@ -21,8 +21,8 @@
   give the same examples; the test split does not depend on ``train_size``, and a smaller split
   is a prefix of a larger one (for the generators that seed each item on its own, nearly all).
 - **Prompt** (the paper's answer format, as Countdown and Sudoku): the paper's system prompt
-  followed by the instruction to think in ``<think> </think>`` and put only the final answer in
-  ``<answer> </answer>`` tags; the task's question as the user's message; the assistant's turn
+  followed by the instruction to think in ``<think> </think>`` and put the final answer in
+  ``<answer> </answer>`` tags, with one worked example of that format (``SYSTEM_PROMPT``); the task's question as the user's message; the assistant's turn
   opened with "Let me solve this step by step.\\n<think>" (``opening=False``: none; a string:
   that one).
 - **Reward**: the task's own ``score_answer(answer, entry)`` of the content of the LAST
@@ -108,12 +108,15 @@ NEEDS_CONFIG: dict[str, str] = {
 #: The env's own keyword arguments (every other one is a field of the task's config).
 ENV_ARGS = ("data", "seed", "train_size", "test_size", "opening", "system_prompt")
 
-#: The paper's system prompt (Countdown's and Sudoku's) and its answer-format instruction, which
-#: the task's question does not give (reasoning-gym questions say what to answer, not where).
+#: The paper's system prompt (Countdown's and Sudoku's), its answer-format instruction (reasoning-gym
+#: questions say what to answer, not where) and one worked example of the format. The example is
+#: what a small model needs: measured on the default model (basic_arithmetic, two one-digit terms,
+#: 32 test prompts, the paper's opening, greedy), the instruction alone gave 0 of 32 answers in the
+#: format; with the example, 19 of 32 were correct (docs/task-selection/).
 SYSTEM_PROMPT = (
-    PAPER_SYSTEM_PROMPT + " Show your work in <think> </think> tags. And return the final answer in "
-    "<answer> </answer> tags, with only the answer inside them (no explanation), in the format the "
-    "question asks for."
+    PAPER_SYSTEM_PROMPT + " Show your work in <think> </think> tags and return the final answer in "
+    "<answer> </answer> tags.\nExample:\nUser: What is 2 + 3?\nAssistant: <think>2 + 3 = 5</think>\n"
+    "<answer>5</answer>"
 )
 
 #: ``rg/<task>-v0`` ids registered so far, in registration order (``llm_envs.ENV_IDS`` holds the
