@@ -19,7 +19,16 @@ sample), so members are compared on common random numbers and mirrored pairs sha
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
     python -m trainers.es --env Countdown-v0 --noise lowrank --rank 1 --population 64
     python -m trainers.es --resume runs/es-Sudoku-v0-...      # continue a killed run
-    accelerate launch --num_processes 2 -m trainers.es ...    # seeds split across processes
+    torchrun --nproc-per-node 2 -m trainers.es ...            # members split across processes
+    accelerate launch --num_processes 2 -m trainers.es ...    # the same
+
+Several processes (any engine, either noise mode): process r evaluates members r, r + P, ...
+(full-rank: one by one; low-rank: all of its members in one batched call), the N rewards are
+all-reduced, and every process applies the same update from the seeds, so they hold the same
+weights without ever sending one; the held-out evaluation is split over them too. Every
+``--check-every`` iterations and at the end they compare a checksum of their weights, and stop
+with one line if one differs. On CPU (fp32, one thread per process) a run gives the same numbers
+on any number of processes, and it resumes on any number (``docs/scale-out.md``: the limits).
 """
 
 from __future__ import annotations
@@ -105,6 +114,10 @@ class ESConfig(TrainConfig):
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold of members' responses (--temperature > 0)"})
     samples_per_prompt: int = field(default=1, metadata={"help": "K, sampled responses per prompt and member; a member's "
                                                                  "fitness is the mean over its K x prompts responses"})
+    check_every: int = field(default=10, metadata={"help": "several processes: every K iterations and at the end they "
+                                                           "compare a checksum of their weights (and fp32 masters) and "
+                                                           "stop if one differs (0: no check; one process: nothing to "
+                                                           "compare)"})
 
     def validate(self) -> None:
         super().validate()
@@ -122,6 +135,7 @@ class ESConfig(TrainConfig):
         check(self.temperature >= 0 and np.isfinite(self.temperature), "temperature", "must be >= 0")
         check(0 < self.top_p <= 1, "top_p", "must be in (0, 1]")
         check(self.samples_per_prompt >= 1, "samples_per_prompt", "must be >= 1")
+        check(self.check_every >= 0, "check_every", "must be >= 0 (0: no weight check)")
         check(self.samples_per_prompt == 1 or self.temperature > 0, "samples_per_prompt",
               "needs --temperature > 0 (greedy samples of a prompt are identical)")
         check(not (self.shared_noise and self.noise == "lowrank"), "shared_noise", "applies to --noise full only")
@@ -361,6 +375,12 @@ def load_masters(params: fullrank.Params, checkpoint: Path) -> None:
             params.tensors[i].data.copy_(master)
 
 
+def weights_of_record(model, params: fullrank.Params) -> list[torch.Tensor]:
+    """What every process must hold identically: the model's parameters (tied ones once) and the
+    fp32 masters, if any."""
+    return [p for _, p in model.named_parameters()] + [m for m in params.masters if m is not None]
+
+
 def replay(cfg: ESConfig, params: fullrank.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
@@ -388,9 +408,7 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
-    if cfg.engine == "vllm" and dist.world > 1:
-        raise ConfigError(f"--engine vllm runs in one process (this launch has {dist.world}); use --engine hf "
-                          f"with several processes")
+    cfg.out = dist.from_main(cfg.out)  # the default name holds each rank's start time: rank 0's for all
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
@@ -403,6 +421,7 @@ def train(cfg: ESConfig) -> Path:
                           f"{per_iteration} prompts{samples} = {per_step} responses")
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
+    dist.hint = f"continue it with: python -m trainers.es --resume {run.path} (on any number of processes)"
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
 
@@ -420,6 +439,7 @@ def train(cfg: ESConfig) -> Path:
     if ckpts:
         load_masters(params, run.checkpoint_dir(ckpts[-1]))
     replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
+    dist.phase = "the engine's start"
     engine = make_engine(engine_for(cfg, model), model, tokenizer)  # after the replay: from the current weights
     run.note_runtime(model, done, engine.name)
     if cfg.resume and dist.is_main:
@@ -456,6 +476,7 @@ def train(cfg: ESConfig) -> Path:
 
     def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
         evaluated.add(iteration)
+        dist.phase = f"the held-out evaluation of iteration {iteration}"
         scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
                           cfg.eval_limit, dist.rank, dist.world, dist.sum,
                           progress=clock is not None and f"held-out {cfg.eval_split} (iteration {iteration})",
@@ -478,10 +499,12 @@ def train(cfg: ESConfig) -> Path:
                 f"--max-samples {cfg.max_samples}")
             break
         start = time.perf_counter()
+        dist.phase = f"iteration {it}"
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
         seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, engine, scorer, params, layers, batch,
                                                                dist.rank, dist.world, clock)
-        rewards, accuracy, tokens = dist.sum(rewards), dist.sum(accuracy), dist.sum(tokens)
+        # the one exchange of an iteration: 3 x N numbers, each member's on exactly one rank (so the sum is exact)
+        rewards, accuracy, tokens = dist.sum(np.stack([rewards, accuracy, tokens]))
         z = normalise(rewards, cfg.rank_shaping)
         if z is None:
             say(f"[iter {it}] all {cfg.population} rewards equal ({rewards[0]:.4f}): update skipped")
@@ -490,6 +513,8 @@ def train(cfg: ESConfig) -> Path:
             upd_seeds, coefs = update_coefficients(seeds, signs, z, cfg.alpha)
             update_weights(cfg, params, layers, upd_seeds, coefs)
             engine.sync_weights()
+        if cfg.check_every and it % cfg.check_every == 0:  # before the iteration is logged: resume redoes it
+            dist.same_weights(weights_of_record(model, params), f"after iteration {it}")
         budget.add(per_step, tokens.sum())
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
@@ -512,8 +537,11 @@ def train(cfg: ESConfig) -> Path:
             dist.wait_for_main()  # the others wait for the save here, not inside the next all-reduce
         iterations.set_postfix(reward=f"{record['reward_mean']:.4f}", sec=f"{record['seconds']:.1f}")
     iterations.close()
+    if cfg.check_every and not (last % cfg.check_every == 0 and last > done):  # the end is always checked
+        dist.same_weights(weights_of_record(model, params), f"after iteration {last}")
     if last not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(last)
+    dist.phase = "the final save"
     if dist.is_main:
         save_model(model, tokenizer, run.path / "final")
         summarize(run)
@@ -531,7 +559,8 @@ def resolve(argv: list[str] | None = None) -> ESConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_main(resolve, train, argv)
+    with distributed.one_line_errors():  # a lost process, the launcher's SIGTERM, diverged weights: one line
+        run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

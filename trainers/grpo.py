@@ -22,6 +22,10 @@ as in TRL; --epochs K takes K optimizer steps on each batch, where the clip bite
     python -m trainers.grpo --env Countdown-v0 --loss dr_grpo
     python -m trainers.grpo --env Countdown-v0 --group-size 30 --max-samples 3000000
     python -m trainers.grpo --resume runs/grpo-Countdown-v0-...      # from the latest checkpoint
+    torchrun --nproc-per-node 8 -m trainers.grpo --env Countdown-v0  # 8 processes, models sharded (FSDP2)
+
+On W processes "the step" is every process's responses together: each rank divides its token sums
+by the whole step's count, so W ranks take one process's step (``trainers.rl.sharding``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from trainers.common import distributed
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.rl.logprobs import pad, token_logprobs
@@ -37,6 +42,7 @@ from trainers.rl.loop import RLConfig
 from trainers.rl.losses import clipped_surrogate, kl_k3, masked_sum
 from trainers.rl.policy import clip_and_step, micro_batches
 from trainers.rl.sampling import Samples
+from trainers.rl.sharding import Ranks
 
 STD_EPS = 1e-6
 
@@ -107,8 +113,9 @@ class Batch:
 class GRPO:
     name = "GRPO"
 
-    def __init__(self, cfg: GRPOConfig, model, tokenizer, ref=None):
+    def __init__(self, cfg: GRPOConfig, model, tokenizer, ref=None, ranks: Ranks | None = None):
         self.cfg, self.model, self.ref = cfg, model, ref
+        self.ranks = ranks or Ranks()  # the other processes (one process: none)
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
         self.modules: dict[str, torch.nn.Module] = {}  # nothing trainable besides the policy
@@ -126,7 +133,9 @@ class GRPO:
         cfg = self.cfg
         parts = micro_batches(len(samples), cfg.grad_accum)
         advantages = group_advantages(samples.rewards, samples.group_size, cfg.loss == "grpo").to(self.device)
-        denominator = loss_denominator(cfg.loss, len(samples), samples.num_tokens, cfg.loss_norm or cfg.max_new_tokens)
+        # the whole step's responses and tokens, over every process (each holds whole groups)
+        responses, tokens = self.ranks.sum([len(samples), samples.num_tokens])
+        denominator = loss_denominator(cfg.loss, int(responses), int(tokens), cfg.loss_norm or cfg.max_new_tokens)
         old = [token_logprobs(self.model, self.padded(samples, p), cfg.temperature) for p in parts] \
             if cfg.epochs > 1 else None
         ref = [token_logprobs(self.ref, self.padded(samples, p), cfg.temperature) for p in parts] \
@@ -139,6 +148,7 @@ class GRPO:
         self.model.train()
         loss_total, sums = 0.0, {}
         for k, part in enumerate(batch.parts):
+            self.ranks.gradient_sync(k == len(batch.parts) - 1)  # FSDP: reduce once, after the last micro-batch
             mb = self.padded(batch.samples, part)
             logp = token_logprobs(self.model, mb, cfg.temperature)
             old = batch.old_logp[k] if batch.old_logp else logp.detach()
@@ -151,9 +161,14 @@ class GRPO:
                 sums[key] = sums.get(key, 0.0) + v
         [grad_norm] = clip_and_step(optimizer, cfg.max_grad_norm)
         self.model.eval()
-        tokens = max(1, batch.samples.num_tokens)
-        return {"loss": loss_total, "grad_norm": grad_norm, **{k: v / tokens for k, v in sums.items()},
-                "advantage_abs": float(batch.advantages.abs().mean())}
+        # the whole batch's statistics: sums over every process
+        keys = sorted(sums)
+        loss_total, responses, tokens, advantage_abs, *values = self.ranks.sum(
+            [loss_total, len(batch.samples), batch.samples.num_tokens, float(batch.advantages.abs().sum()),
+             *(sums[k] for k in keys)])
+        tokens = float(max(1.0, tokens))
+        return {"loss": float(loss_total), "grad_norm": grad_norm, **{k: float(v / tokens) for k, v in zip(keys, values)},
+                "advantage_abs": float(advantage_abs / responses)}
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -168,7 +183,8 @@ def resolve(argv: list[str] | None = None) -> GRPOConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_main(resolve, train, argv)
+    with distributed.one_line_errors():  # several processes: a lost process or the launcher's SIGTERM is one line
+        run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

@@ -23,12 +23,15 @@ with r_t = pi(y_t) / pi_old(y_t) (old: the policy that sampled the batch).
 Memory per parameter of the base model, before activations: policy 16 bytes (fp32 weights,
 gradients, AdamW's two moments), critic 16 (the same for its trunk), frozen reference 2 (bf16 on
 CUDA; 4 on CPU): ~34 bytes, ~18 with --shared-critic. A 7B model needs ~238 GB (~126 GB shared): it
-does not fit one 80 GB GPU; without sharding or 8-bit optimizer states, about 2B parameters do
-(about 4B with --shared-critic, or for GRPO).
+does not fit one 80 GB GPU, where about 2B parameters do (about 4B with --shared-critic, or for
+GRPO). On W GPUs (torchrun) all of it is sharded, 1/W per GPU, plus the engine's copy of the
+weights (``trainers.rl.sharding``); the token mean and the whitening are then over every process's
+tokens.
 
     python -m trainers.ppo --env Countdown-v0
     python -m trainers.ppo --env Countdown-v0 --lam 0.95 --epochs 2
     python -m trainers.ppo --resume runs/ppo-Countdown-v0-...        # from the latest checkpoint
+    torchrun --nproc-per-node 8 -m trainers.ppo --env Countdown-v0   # 8 processes, models sharded (FSDP2)
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from typing import ClassVar
 
 import torch
 
+from trainers.common import distributed
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.rl.logprobs import completion_states, pad, token_logprobs
@@ -46,6 +50,7 @@ from trainers.rl.loop import RLConfig
 from trainers.rl.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
 from trainers.rl.policy import clip_and_step, load_critic_trunk, micro_batches
 from trainers.rl.sampling import Samples
+from trainers.rl.sharding import Ranks
 
 
 @dataclass
@@ -143,13 +148,15 @@ class Batch:
     returns: list[torch.Tensor]
     kl: float  # mean per-token KL estimate to the reference (0 without one)
     value_mean: float  # mean old value over the completion tokens
+    tokens: float  # completion tokens of the whole batch (every process's): the loss's denominator
 
 
 class PPO:
     name = "PPO"
 
-    def __init__(self, cfg: PPOConfig, model, tokenizer, ref=None):
+    def __init__(self, cfg: PPOConfig, model, tokenizer, ref=None, ranks: Ranks | None = None):
         self.cfg, self.model, self.ref = cfg, model, ref
+        self.ranks = ranks or Ranks()  # the other processes (one process: none)
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
         # The critic: a separate trunk, a fresh copy of the base model (None: the policy's own).
@@ -195,25 +202,30 @@ class PPO:
             old_values.append(values)
             masks.append(mb.mask)
             rewards.append(token_rewards(samples.rewards[part].to(self.device), kl, mb.mask, cfg.beta))
-        # GAE per micro-batch (rows are independent); whitening over the whole batch's tokens.
+        # GAE per micro-batch (rows are independent); whitening over the whole batch's tokens
+        # (every process's: their masked sums are added up).
         adv_ret = [gae(r, v, m, cfg.lam) for r, v, m in zip(rewards, old_values, masks)]
         advantages, returns = [a for a, _ in adv_ret], [g for _, g in adv_ret]
         if cfg.whiten_advantages:
             width = max(m.shape[1] for m in masks)
             flat = lambda xs: torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs])  # noqa: E731
-            white = masked_whiten(flat(advantages), flat(masks))
+            white = masked_whiten(flat(advantages), flat(masks), total=self.ranks.sum_tensor if self.ranks.sharded
+                                  else None)
             advantages = [white[p][:, :m.shape[1]] for p, m in zip(parts, masks)]
-        tokens = max(1, samples.num_tokens)
         value_sum = sum(masked_sum(v, m).item() for v, m in zip(old_values, masks))
-        return Batch(samples, parts, old_logp, old_values, advantages, returns, kl_sum / tokens, value_sum / tokens)
+        tokens, kl_sum, value_sum = self.ranks.sum([samples.num_tokens, kl_sum, value_sum])
+        tokens = float(max(1.0, tokens))
+        return Batch(samples, parts, old_logp, old_values, advantages, returns, float(kl_sum / tokens),
+                     float(value_sum / tokens), tokens)
 
     def update(self, batch: Batch, optimizer) -> dict[str, float]:
         """One optimizer step on the whole sampled batch (micro-batch gradients accumulated)."""
         cfg = self.cfg
         self.train_mode(True)
-        denominator = float(max(1, batch.samples.num_tokens))
+        denominator = batch.tokens  # the whole batch's tokens: W processes take one process's step
         loss_total, sums = 0.0, {}
         for k, part in enumerate(batch.parts):
+            self.ranks.gradient_sync(k == len(batch.parts) - 1)  # FSDP: reduce once, after the last micro-batch
             logp, values, mb = self.forward(batch.samples, part)
             loss, part_sums = ppo_loss(logp, batch.old_logp[k], batch.advantages[k], values, batch.old_values[k],
                                        batch.returns[k], mb.mask, denominator, cfg.clip_eps, cfg.value_clip,
@@ -224,8 +236,10 @@ class PPO:
                 sums[key] = sums.get(key, 0.0) + v
         grad_norm, value_grad_norm = clip_and_step(optimizer, cfg.max_grad_norm)  # each clipped on its own
         self.train_mode(False)
-        return {"loss": loss_total, "grad_norm": grad_norm, "value_grad_norm": value_grad_norm, "kl": batch.kl,
-                **{k: v / denominator for k, v in sums.items()}, "value_mean": batch.value_mean}
+        keys = sorted(sums)
+        loss_total, *values = self.ranks.sum([loss_total, *(sums[k] for k in keys)])  # over every process
+        return {"loss": float(loss_total), "grad_norm": grad_norm, "value_grad_norm": value_grad_norm, "kl": batch.kl,
+                **{k: float(v / denominator) for k, v in zip(keys, values)}, "value_mean": batch.value_mean}
 
 
 # ----- the run ----------------------------------------------------------------------------------
@@ -240,7 +254,8 @@ def resolve(argv: list[str] | None = None) -> PPOConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    run_main(resolve, train, argv)
+    with distributed.one_line_errors():  # several processes: a lost process or the launcher's SIGTERM is one line
+        run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

@@ -398,15 +398,17 @@ def _transformers_version() -> str:
 
 # ----- saving and fingerprints ---------------------------------------------------------------------
 
-def save_model(model, tokenizer, path: str | os.PathLike, extra: Callable[[Path], None] | None = None) -> Path:
+def save_model(model, tokenizer, path: str | os.PathLike, extra: Callable[[Path], None] | None = None,
+               state_dict: dict[str, torch.Tensor] | None = None) -> Path:
     """Write ``model`` and ``tokenizer`` in Hugging Face format (safetensors) to ``path``, so that
     ``AutoModelForCausalLM.from_pretrained(path)`` and ``load_model(path)`` load them. The directory
     appears whole or not at all (``files.atomic_directory``): an existing one is replaced, and a
     save killed half-way leaves the old one (or none). ``extra(directory)`` adds files of its own
-    (a checkpoint's trainer state) before the directory appears."""
+    (a checkpoint's trainer state) before the directory appears. ``state_dict``: the weights to
+    write instead of the model's own (a sharded model's, gathered)."""
     _detach_quantizer(model)
     with atomic_directory(path) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if extra is not None:

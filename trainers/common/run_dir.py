@@ -108,6 +108,10 @@ class RunDir:
             atomic_write(directory / "trainer_state.json", json.dumps(state))
 
         save_model(model, tokenizer, self.checkpoint_dir(iteration), extra=state_files)
+        self.prune_checkpoints(keep)
+
+    def prune_checkpoints(self, keep: int) -> None:
+        """Delete all but the newest ``keep`` checkpoints."""
         for old in self.checkpoints()[:-keep]:
             shutil.rmtree(self.checkpoint_dir(old), ignore_errors=True)
 

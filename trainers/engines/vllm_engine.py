@@ -21,6 +21,18 @@ checkpoint they came from.
 
 Memory: the engine holds a second copy of the weights in its dtype (4 bytes/parameter on CPU in
 fp32, 2 on CUDA in bf16) next to the trainer's model, plus its KV cache.
+
+**Several processes** (``torchrun`` / ``accelerate launch``, the trainer's process group up):
+each rank builds its own engine with ``distributed_executor_backend="external_launcher"`` and
+tensor parallel size 1. vLLM then takes the trainer's existing group as its world (it calls
+``init_process_group`` only when no group is up) and places each rank in its own TP/PP/DP group of
+one, so every rank generates independently, its own rows with its own weights. Building the
+engine is a collective (vLLM creates its groups over the whole world and all-reduces the ranks'
+free memory, MIN, to size every KV cache alike): all ranks build their engine at the same point
+of the run. The KV cache is per process (``--vllm-kv-cache-gb`` on CPU, each rank allocating its
+own). ``external_launcher`` also places a rank's engine on its ``LOCAL_RANK``'s GPU, which the
+default (``uni``) executor does not. Closing the engine destroys vLLM's groups but keeps the
+trainer's (``_launcher_group_kept``). ``docs/scale-out.md`` has the measurements.
 """
 
 from __future__ import annotations
@@ -93,6 +105,9 @@ class VLLMEngine(Engine):
             kwargs["gpu_memory_utilization"] = options.vllm_gpu_memory or 0.5 * free / total
         else:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.vllm_kv_cache_gb)
+        self.ranks = _launcher_world()
+        if self.ranks > 1:  # one engine per rank, in the launcher's world (module docstring)
+            kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
         try:
             with _process_state_kept():
                 self.llm = vllm.LLM(**kwargs)
@@ -208,7 +223,7 @@ class VLLMEngine(Engine):
             _live = None
         llm, self.llm = getattr(self, "llm", None), None
         if llm is not None:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(Exception), _launcher_group_kept(getattr(self, "ranks", 1) > 1):
                 llm.llm_engine.engine_core.shutdown()
             del llm
         if getattr(self, "_config_dir", None) is not None:
@@ -256,6 +271,39 @@ def _refresh_tied_head(model) -> None:
         return
     if not any(name.startswith("lm_head.") for name, _ in model.named_parameters()):  # tied: listed once, elsewhere
         head.quant_method.process_weights_after_loading(head)
+
+
+def _launcher_world() -> int:
+    """The number of processes of the launcher's world this process is in (``torchrun``,
+    ``accelerate launch``: the trainer's process group is up), 1 without one."""
+    import torch.distributed as tdist
+
+    return tdist.get_world_size() if tdist.is_available() and tdist.is_initialized() else 1
+
+
+@contextlib.contextmanager
+def _launcher_group_kept(kept: bool):
+    """Shutting an engine down destroys vLLM's process groups and then torch's default group:
+    the trainer's own under a launcher, whose later collectives (the last barrier) would fail.
+    With ``kept``, vLLM's groups go, the default group stays."""
+    if not kept:
+        yield
+        return
+    from vllm.distributed import parallel_state
+
+    real = parallel_state.destroy_distributed_environment
+
+    def destroy_vllm_groups_only() -> None:
+        if parallel_state._WORLD:
+            parallel_state._WORLD.destroy()
+        parallel_state._WORLD = None
+        parallel_state._NODE_COUNT = None
+
+    parallel_state.destroy_distributed_environment = destroy_vllm_groups_only
+    try:
+        yield
+    finally:
+        parallel_state.destroy_distributed_environment = real
 
 
 @contextlib.contextmanager

@@ -1,3 +1,4 @@
 """What only the RL methods need: the loop GRPO and PPO share (``loop.py``), losses (``losses.py``),
-log-probs (``logprobs.py``), sampling (``sampling.py``), the policy and optimizer (``policy.py``)
-and checkpoints (``checkpoints.py``)."""
+log-probs (``logprobs.py``), sampling (``sampling.py``), the policy and optimizer (``policy.py``),
+checkpoints (``checkpoints.py``) and, on several processes, FSDP2 sharding and what ranks exchange
+(``sharding.py``)."""

@@ -3,31 +3,39 @@
 Each step samples a batch of responses (``trainers.rl.sampling``), lets the algorithm turn it into
 a loss and optimizer steps (``grpo.py``, ``ppo.py``), and logs, evaluates and checkpoints like
 every trainer (the same run directory, held-out pass@1 and sample budget as ES).
+
+On W processes (``torchrun`` / ``accelerate launch``) the models are sharded with FSDP2
+(``trainers.rl.sharding``): each rank samples and trains on its contiguous share of the step's
+prompts, the losses are divided by the whole step's normalisers, and W ranks take one process's
+optimizer step on the same batch; rank 0 alone logs and writes files.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
 
 import llm_envs
+from trainers.common import distributed
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError, TrainConfig, check, to_dict
-from trainers.common.models import compute_dtype, save_model
+from trainers.common.models import compute_dtype
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, evaluate
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.splits import training_env
 from trainers.engines import make_engine
 from trainers.engines.bars import bar
-from trainers.rl.checkpoints import latest_checkpoint, load_batch, restore_trainer, save_checkpoint
+from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
+                                     save_checkpoint, save_final)
 from trainers.rl.policy import load_policy, load_reference, make_optimizer
-from trainers.rl.sampling import sample, step_seed
+from trainers.rl.sampling import response_seeds, sample
+from trainers.rl.sharding import Ranks
 
 
 @dataclass
@@ -78,29 +86,46 @@ def train(cfg: RLConfig, algorithm) -> Path:
     """The RL run, for any ``algorithm`` (GRPO, PPO): sample a batch, ``algorithm.prepare`` it (no
     gradients: reference log-probs, advantages, ...), ``algorithm.update`` it ``epochs`` times (one
     optimizer step each); log, evaluate, checkpoint; save the final model."""
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ConfigError("the RL trainers run in one process (launch them without accelerate/torchrun)")
+    ranks = Ranks(distributed.init())
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     train_examples = env.examples("train")
-    per_step = min(cfg.batch_size, len(train_examples)) * cfg.group_size  # responses one sampled batch generates
+    prompts_per_step = min(cfg.batch_size, len(train_examples))
+    per_step = prompts_per_step * cfg.group_size  # responses one sampled batch generates (all ranks)
     if cfg.max_samples is not None and cfg.max_samples < per_step:
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
                           f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
-    run = RunDir(cfg.out, resume=cfg.resume is not None)
+    if ranks.sharded and (prompts_per_step // ranks.world) * cfg.group_size < cfg.grad_accum:
+        raise ConfigError(f"--batch-size {prompts_per_step} prompts over {ranks.world} processes leaves a process "
+                          f"{prompts_per_step // ranks.world} prompts x {cfg.group_size} responses, fewer than "
+                          f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one response "
+                          f"per micro-batch")
+    run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=ranks.is_main)
     run.write_config(to_dict(cfg))
+    launch = f"torchrun --nproc-per-node {ranks.world} " if ranks.sharded else ""
+    ranks.dist.hint = f"continue it with: {launch}python -m trainers.{cfg.algorithm.replace('dr_', '')} --resume {run.path}"
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
-    say = tqdm.write
+    say = tqdm.write if ranks.is_main else (lambda *a, **k: None)
 
     # Resume: the newest complete checkpoint (weights, optimizer, RNG, step, budget).
     ckpt = latest_checkpoint(run) if cfg.resume else None
     done, state = ckpt if ckpt else (0, {})
-    model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, cfg.device,
-                                   cfg.gradient_checkpointing)
-    ref = load_reference(cfg.model, cfg.device) if cfg.beta else None
-    algo = algorithm(cfg, model, tokenizer, ref)
+    if ckpt:
+        check_processes(run, done, state, ranks.world)
+    device = ranks.dist.device or cfg.device
+    with ranks.dist.main_first():  # the first load may fetch and convert the default model
+        model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
+                                       cfg.gradient_checkpointing)
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
-    engine = make_engine(cfg, model, tokenizer, compute_dtype(model))
+    # On several processes the engine holds its own full copy, taken before the policy is sharded;
+    # each model is sharded (FSDP2; nothing on one process) before the next one is loaded.
+    dtype = compute_dtype(model)
+    engine = make_engine(cfg, ranks.engine_model(model, cfg.engine, dtype), tokenizer, dtype)
+    ranks.shard(model)
+    ref = load_reference(cfg.model, device) if cfg.beta else None
+    ranks.shard(ref)
+    algo = algorithm(cfg, model, tokenizer, ref, ranks)
+    ranks.shard(*algo.modules.values())  # PPO's critic
     run.note_runtime(model, done, engine.name)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
@@ -109,9 +134,12 @@ def train(cfg: RLConfig, algorithm) -> Path:
     # run continues on exactly the same batch, old log-probs included).
     buffer, used = None, cfg.epochs
     if cfg.resume:
-        if ckpt:
+        if ckpt and ranks.sharded:
+            restore_sharded(run, ranks, done, model, optimizer, algo.modules)
+        elif ckpt:
             restore_trainer(run, done, optimizer, algo.modules)
-            saved = load_batch(run, done, next(model.parameters()).device)
+        if ckpt:
+            saved = load_batch(run, done, next(model.parameters()).device, ranks)
             if saved is not None:
                 buffer, used = saved["buffer"], saved["used"]
                 samples = buffer.samples
@@ -119,65 +147,80 @@ def train(cfg: RLConfig, algorithm) -> Path:
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
-    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {min(cfg.batch_size, len(train_examples))} "
-        f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}")
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {prompts_per_step} "
+        f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}"
+        + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
 
     left = budget.steps_left(cfg.steps - done, per_step)  # steps this invocation will run
-    eval_rows = len(eval_examples(env, cfg.eval_split, cfg.eval_limit))
-    clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, per_step // cfg.group_size, eval_rows,
-                     evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only)
+    eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // ranks.world)
+    share = ranks.share(prompts_per_step)  # this rank's prompts of every step
+    clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, share.stop - share.start, eval_rows,
+                     evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
+        if ranks.is_main else None
     # steps whose model has a held-out record (a resumed run keeps those up to ``done``)
-    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r} if cfg.resume else set()
+    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
+        if cfg.resume else set()
 
-    def held_out(step: int) -> None:
+    def held_out(step: int) -> None:  # every rank evaluates its share of the examples
         evaluated.add(step)
+        ranks.dist.phase = f"the held-out evaluation of step {step}"
         scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
-                          cfg.eval_limit, progress=f"held-out {cfg.eval_split} (step {step})",
-                          on_progress=clock.evaluation)
+                          cfg.eval_limit, ranks.rank, ranks.world, ranks.dist.sum,
+                          progress=ranks.is_main and f"held-out {cfg.eval_split} (step {step})",
+                          on_progress=clock and clock.evaluation)
         run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                  "eval_n": scores["n"]}, step)
         say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
+        ranks.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
 
     if done == 0:
         held_out(0)
     step = done
-    steps = bar(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, unit="step", run=True)
+    steps = bar(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, unit="step", run=True,
+                disable=not ranks.is_main)
     for step in steps:
         start = time.perf_counter()
+        ranks.dist.phase = f"step {step}"
         if used == cfg.epochs:  # a fresh batch of responses
             prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
             if not budget.allows(per_step):  # a run never exceeds --max-samples
                 say(f"--max-samples {cfg.max_samples} reached after {budget.samples} responses: stopping at step {step - 1}")
                 step -= 1
                 break
-            samples = sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
-                             cfg.temperature, step_seed(cfg.seed, step), progress=f"step {step}: sampling",
-                             on_progress=clock.generation)
-            budget.add(len(samples), samples.num_tokens)
+            # this rank's prompts; each response's seed from (seed, step, prompt, sample) alone
+            samples = sample(engine, scorer, prompts[share], cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
+                             cfg.temperature, response_seeds(cfg.seed, step, range(len(prompts))[share], cfg.group_size),
+                             progress=ranks.is_main and f"step {step}: sampling",
+                             on_progress=clock and clock.generation)
+            responses, tokens = ranks.sum([len(samples), samples.num_tokens])
+            budget.add(int(responses), int(tokens))
             buffer, used = algo.prepare(samples), 0
         stats = algo.update(buffer, optimizer)
-        engine.sync_weights()  # the next rollouts and evaluations see this step
+        ranks.sync_engine(engine, model, dtype)  # the next rollouts and evaluations see this step
         used += 1
-        r = samples.rewards
+        r = torch.tensor(ranks.gather(samples.rewards.tolist()), dtype=torch.float32)  # the whole batch's
+        n, correct, tokens = ranks.sum([len(samples), int(samples.correct.sum()), samples.num_tokens])
         record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
                   "reward_min": float(r.min()), "reward_max": float(r.max()),
-                  "accuracy": float(samples.correct.float().mean()),
-                  "response_length": samples.num_tokens / len(samples), **stats,
+                  "accuracy": float(correct / n), "response_length": float(tokens / n), **stats,
                   "seconds": time.perf_counter() - start, "samples": budget.samples, "tokens": budget.tokens}
         run.log(record, step)
-        clock.trained(record["seconds"], 1.0, "step")
+        if clock:
+            clock.trained(record["seconds"], 1.0, "step")
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:
             held_out(step)
         if step % cfg.checkpoint_every == 0:
             save_checkpoint(run, model, tokenizer, step, {"iteration": step, "samples": budget.samples,
                                                           "tokens": budget.tokens}, optimizer, algo.modules,
-                            batch={"buffer": buffer, "used": used} if used < cfg.epochs else None)
+                            batch={"buffer": buffer, "used": used} if used < cfg.epochs else None, ranks=ranks)
         steps.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
     steps.close()
     if step not in evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(step)
-    save_model(model, tokenizer, run.path / "final")
-    summarize(run)
+    ranks.dist.phase = "the final save"
+    save_final(ranks, model, tokenizer, run.path / "final")
+    if ranks.is_main:
+        summarize(run)
     run.close()
     engine.close()
     scorer.close()

@@ -7,6 +7,8 @@ completion tokens and 0 on padding (see ``trainers.rl.logprobs``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 # ----- masks and reductions ----------------------------------------------------------------------
@@ -22,10 +24,15 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return masked_sum(x, mask) / mask.sum().clamp(min=1)
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tensor:
-    """``(x - mean) / std`` over the masked positions (population std); pads become 0."""
-    mean = masked_mean(x, mask)
-    var = masked_mean((x - mean) ** 2, mask)
+def masked_whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8,
+                  total: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+    """``(x - mean) / std`` over the masked positions (population std); pads become 0. ``total``:
+    a sum over processes (``Ranks.sum_tensor``), making mean and std those of every process's
+    masked positions together."""
+    total = total or (lambda t: t)
+    n = total(mask.sum()).clamp(min=1)
+    mean = total(masked_sum(x, mask)) / n
+    var = total(masked_sum((x - mean) ** 2, mask)) / n
     return torch.where(mask.bool(), (x - mean) * torch.rsqrt(var + eps), torch.zeros_like(x))
 
 

@@ -13,6 +13,7 @@ from llm_envs import BatchScorer, Example
 from trainers.common.rollout import rollout
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts
+from trainers.engines.sampling import Seeds
 
 
 @dataclass
@@ -38,9 +39,10 @@ class Samples:
 
 
 def sample(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], group_size: int, max_new_tokens: int,
-           batch_size: int = 32, temperature: float = 1.0, seed: int | None = None, progress: bool | str = False,
+           batch_size: int = 32, temperature: float = 1.0, seed: Seeds = None, progress: bool | str = False,
            on_progress: Callable[[float, int, float], None] | None = None) -> Samples:
     """Sample ``group_size`` completions per example and score them (the shared ``rollout``;
+    ``seed``: one per completion, example-major (``response_seeds``), or one for the call;
     ``progress`` and ``on_progress`` as in ``generate``)."""
     r = rollout(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size,
                 progress=progress, on_progress=on_progress)
@@ -53,3 +55,13 @@ def sample(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], gro
 def step_seed(seed: int, step: int) -> int:
     """The sampling seed of one step (independent of every other step's, reproducible on resume)."""
     return int(np.random.SeedSequence([seed, step]).generate_state(1)[0])
+
+
+def response_seeds(seed: int, step: int, prompts: range, group_size: int) -> list[int]:
+    """The sampling seed of each response of a step's ``prompts`` (indices into the step's whole
+    list of prompts), example-major: response ``j`` of prompt ``i`` gets a 63-bit seed drawn from
+    (``step_seed(seed, step)``, i, j) alone, so its sample is the same whichever process draws it
+    and however the prompts are shared out."""
+    base = step_seed(seed, step)
+    return [int(np.random.SeedSequence([base, i, j]).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
+            for i in prompts for j in range(group_size)]
