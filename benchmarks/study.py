@@ -29,6 +29,13 @@ method and setting), ``runs.md`` (every run: validation, test, KL, reward-hackin
 (every number). Runs live in OUT/runs/METHOD/SETTING/seed=S, evaluations in OUT/evals. A killed
 study resumes where it stopped when run again with the same arguments: finished runs and
 evaluations are not redone, an unfinished run resumes from its last checkpoint.
+
+Several processes (``torchrun --nproc-per-node G -m benchmarks.study ...``): every run trains on all
+G processes (ES: members split over them, one engine each; RL: FSDP2), and process 0 alone runs
+the harness's measurements and writes the records and the report while the others wait. ES runs
+give the numbers of one process bit for bit, RL runs agree within float rounding
+(``docs/scale-out.md``). The harness on process 0 cannot build a vLLM engine inside the others'
+launch (vLLM's engine in a launched group joins every rank), so ``--engine vllm`` is refused there.
 """
 
 from __future__ import annotations
@@ -47,6 +54,7 @@ from tqdm import tqdm
 
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
+from trainers.common import distributed
 from trainers.common.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, env_kwargs, fail,
                                     make_env, parse_config)
 from trainers.common.models import resolve_device
@@ -299,11 +307,15 @@ def resume_argv(run: Run, argv: list[str]) -> list[str]:
 
 def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
     """Train ``run`` unless its final model exists and was measured; an interrupted run resumes
-    (one killed while measuring its final model only measures it)."""
-    if (run.path / "final").is_dir() and final_evaluation(read_jsonl(run.path / "log.jsonl")) is not None:
+    (one killed while measuring its final model only measures it). Several processes: all train,
+    on what process 0 found on disk."""
+    dist = distributed.init()
+    done = (run.path / "final").is_dir() and final_evaluation(read_jsonl(run.path / "log.jsonl")) is not None
+    resuming = (run.path / "config.yaml").is_file()
+    done, resuming = dist.from_main((done, resuming))
+    if done:
         return
     trainer = trainer_of(run.method)
-    resuming = (run.path / "config.yaml").is_file()
     trainer.train(trainer.resolve(resume_argv(run, argv) if resuming else argv))
 
 
@@ -392,16 +404,21 @@ def check_device(cfg: StudyConfig, out: Path) -> None:
                           f"or use another --out")
 
 
-def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any]:
-    """Train, validate and measure one run (each step skipped when done before); its record."""
+def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any] | None:
+    """Train, validate and measure one run (each step skipped when done before); its record
+    (several processes: all train, process 0 measures and returns the record, the others None)."""
+    dist = distributed.init()
     record_file = run.path / "study_record.json"
-    if record_file.is_file():
+    if dist.from_main(record_file.is_file()):
         bar.update(1 + len(evaluations(cfg)))
-        return json.loads(record_file.read_text())
+        return json.loads(record_file.read_text()) if dist.is_main else None
     bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: training")
     start = time.perf_counter()
     train_run(cfg, run, argv)
     bar.update(1)
+    if not dist.is_main:
+        dist.wait_for_main()  # while process 0 measures the run and writes its record
+        return None
     record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
               "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
               "runtime": training_runtime(run), "engines": training_engines(run)}
@@ -414,6 +431,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
     if not cfg.keep_weights:  # the numbers are on disk; a 7B model per run is not
         for sub in ("final", "checkpoints"):
             shutil.rmtree(run.path / sub, ignore_errors=True)
+    dist.wait_for_main()
     return record
 
 
@@ -475,6 +493,11 @@ def resolve_engine(cfg: StudyConfig) -> None:
 
 
 def study(cfg: StudyConfig) -> Path:
+    dist = distributed.init()
+    if dist.world > 1 and cfg.engine == "vllm":
+        raise ConfigError(f"--engine vllm: the harness's measurements run on process 0 alone, and a vLLM engine "
+                          f"started there joins all {dist.world} processes of this launch; use --engine native or "
+                          f"hf with several processes, or run the study on one process")
     env = make_env(cfg.env, cfg.env_args, splits=("train",))  # bad options end here, before OUT exists
     try:
         env.examples(cfg.eval_split)
@@ -491,7 +514,7 @@ def study(cfg: StudyConfig) -> Path:
                               f"{prompts} prompts x {need // prompts}); raise it or shrink the population/group")
     check_budgets(cfg, prompts)
     env.close()
-    out = Path(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}")
+    out = Path(dist.from_main(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
     saved, identity = out / "study.json", _identity(cfg)
     if saved.is_file():
         previous = json.loads(saved.read_text())
@@ -501,7 +524,8 @@ def study(cfg: StudyConfig) -> Path:
                               f"use another --out, or the same options to resume it")
         check_device(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
-    saved.write_text(json.dumps(identity, indent=1) + "\n")
+    if dist.is_main:
+        saved.write_text(json.dumps(identity, indent=1) + "\n")
     runs = plan(cfg, out)
     argvs = [trainer_argv(cfg, run, prompts, validation) for run in runs]
     checked = set()
@@ -512,18 +536,24 @@ def study(cfg: StudyConfig) -> Path:
 
     start = time.perf_counter()
     units = len(runs) * (1 + len(evaluations(cfg))) + len(evaluations(cfg))
-    bar = progress_bar(total=units, desc="study", unit="step", run=True)
+    bar = progress_bar(total=units, desc="study", unit="step", run=True, disable=not dist.is_main)
     base, cache = {}, out / "evals" / "cache"
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"base model: eval {name}")
-        base[name] = brief(measure(cfg, cfg.model, ORIGINAL, out / "evals" / "base" / name, options, cache))
+        if dist.is_main:
+            base[name] = brief(measure(cfg, cfg.model, ORIGINAL, out / "evals" / "base" / name, options, cache))
         bar.update(1)
+    dist.wait_for_main()
     records = []
     for run, argv in zip(runs, argvs):
+        dist.phase = f"the study's run {run.label} {run.setting} seed={run.seed}"
         record = finish_run(cfg, run, argv, bar, cache)
-        record["hacked"] = hacked(record, base.get("kl"))
-        records.append(record)
+        if record is not None:
+            record["hacked"] = hacked(record, base.get("kl"))
+            records.append(record)
     bar.close()
+    if not dist.is_main:
+        return out
     chosen = select(cfg, records)
     write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start)
     tqdm.write((out / "table1.md").read_text())
@@ -539,10 +569,11 @@ def _identity(cfg: StudyConfig) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> Path:
     cfg = parse_config(StudyConfig, argv, description=__doc__.split("\n\n")[0])
-    try:
-        return study(cfg)
-    except USER_ERRORS as exc:
-        fail(str(exc))
+    with distributed.one_line_errors():  # a lost process, the launcher's SIGTERM: one line
+        try:
+            return study(cfg)
+        except USER_ERRORS as exc:
+            fail(str(exc))
 
 
 if __name__ == "__main__":
