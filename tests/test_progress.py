@@ -42,22 +42,22 @@ def test_the_clock_says_the_evaluation_then_projects_from_training():
     said = []
     clock = RunClock(said.append, "iteration", 100, 50, "N=5 x 10 prompts", "--fewer or a GPU", "cpu", 512,
                      eval_rows=10, evals_left=11)
-    clock.evaluation(2, 10, 4.0)  # the first report: after the prompt pass, the pace is measured from here
+    clock.evaluation(2, 10, 4.0)  # the first report, after the prompt pass
     clock.evaluation(4, 10, 14.0)  # 10 s later: too early to tell
-    clock.evaluation(8, 10, 34.0)  # 5 s per response: 50 s per evaluation, 550 s for the 11 to come
+    clock.evaluation(8, 10, 34.0)  # 34 s for 8 rows (the prompt pass included): 42.5 s per evaluation of 10
     clock.evaluation(10, 10, 40.0)
-    assert said == ["held-out evaluation on this cpu (from 34 s of it): ~50 s per evaluation of 10, ~9 min for the "
+    assert said == ["held-out evaluation on this cpu (from 34 s of it): ~42 s per evaluation of 10, ~8 min for the "
                     "11 still to come; the time per iteration follows from its first training work"]
-    clock.generation(5, 100, 10.0)  # a training call: its pace from here
-    clock.generation(20, 100, 55.0)  # 3 s per response: 150 s per iteration; 15000 + 550 s in all
+    clock.generation(5, 100, 10.0)  # a training call's first report
+    clock.generation(20, 100, 55.0)  # 2.75 s per response: 137.5 s per iteration; 13750 + 468 s in all
     clock.generation(30, 100, 60.0)
-    assert said[1:] == ["projected on this cpu (from 55 s of generation, 3.00 s per response of up to 512 tokens): "
-                        "~2 min per iteration (N=5 x 10 prompts), ~4.3 h for 100 iterations and 11 held-out "
+    assert said[1:] == ["projected on this cpu (from 55 s of generation, 2.75 s per response of up to 512 tokens): "
+                        "~2 min per iteration (N=5 x 10 prompts), ~3.9 h for 100 iterations and 11 held-out "
                         "evaluations of 10. To shorten it: --fewer or a GPU"]
-    clock.trained(30.0, 0.5, "member")  # 60 s per iteration: 6000 + 550 s, under LONG: no advice
+    clock.trained(30.0, 0.5, "member")  # 60 s per iteration: 6000 + 468 s, under LONG: no advice
     clock.trained(90.0, 1.0, "member")
     assert said[2:] == ["projected on this cpu (from the first member, 30 s): ~60 s per iteration (N=5 x 10 "
-                        "prompts), ~109 min for 100 iterations and 11 held-out evaluations of 10"]
+                        "prompts), ~108 min for 100 iterations and 11 held-out evaluations of 10"]
 
 
 def test_a_short_first_call_is_not_extrapolated():
@@ -70,6 +70,18 @@ def test_a_short_first_call_is_not_extrapolated():
     assert said == []
     clock.trained(2.0, 1.0, "step")
     assert said == ["projected on this cpu (from the first step, 2 s): ~2 s per step (d), ~8 s for 4 steps"]
+
+
+def test_an_evaluation_that_ends_soon_after_its_first_report_is_timed_whole():
+    """A first report late in the call (here at 26 s, 70 of 100 rows already counted: rows that
+    finish early count whole) and the end at 29 s: the evaluation took 29 s, not the 8 s that the
+    pace since that first report (3 s for 30 rows) gave on the default model's first rg/ run."""
+    said = []
+    clock = RunClock(said.append, "iteration", 8, 128, "d", "a", "cpu", 64, eval_rows=100, evals_left=2)
+    clock.evaluation(70, 100, 26.0)
+    clock.evaluation(100, 100, 29.0)
+    assert said == ["held-out evaluation on this cpu (from 29 s of it): ~29 s per evaluation of 100, ~58 s for the "
+                    "2 still to come; the time per iteration follows from its first training work"]
 
 
 def vllm_reports(rows: int, finish: list[float]):

@@ -5,7 +5,9 @@ device and extrapolates to the whole run, with no table of device speeds.
 
 - the held-out evaluation's time (``evaluation``, its generation's ``on_progress``): per
   evaluation and for all of the run's, once the first evaluation has run ``SETTLE`` seconds past
-  its first report (or ended). It says nothing of training: held-out prompts are generated in
+  its first report (or ended). Every pace is a call's seconds so far over its rows done, the
+  prompt pass included (it grows with the rows: with rg/'s long system prompt it was most of a
+  call). It says nothing of training: held-out prompts are generated in
   other batches than a unit's, so their pace per response is no measure of a unit's;
 - a projection per unit and for the run from the first training generation (``generation``: an
   ES member's or low-rank iteration's rows, an RL step's samples), once it has run ``SETTLE``
@@ -109,10 +111,10 @@ class RunClock:
 
     def _pace(self, kind: str, done: float, total: int, seconds: float, at_least: float = 0.0) -> float | None:
         """Seconds per response of the first call of ``kind``, once it can be told (None before
-        and after): from its first report on (that report comes after the prompt pass, whose cost
-        does not grow with the tokens generated) once ``SETTLE`` s have passed, or over the whole
-        call when it ends first; with ``whole_calls`` only when the call ends. A pace measured over
-        less than ``at_least`` seconds is not told at all."""
+        and after): the call's seconds so far over its rows done (a running row counts by its share
+        of the token budget, so it is an upper bound until rows finish), told ``SETTLE`` s after its
+        first report (which comes after the prompt pass) or when the call ends; with ``whole_calls``
+        only when the call ends. A pace measured over less than ``at_least`` seconds is not told."""
         if kind in self.said or done <= 0:
             return None
         if self.whole_calls:
@@ -123,8 +125,9 @@ class RunClock:
             d0, t0 = self.starts.setdefault(kind, (done, seconds))
             if done < total and (done <= d0 or seconds - t0 < SETTLE):
                 return None
-            if done <= d0:  # the call ended at its first report
-                d0, t0 = 0.0, 0.0
+            # the pace is over the whole call so far, prompt pass included: it grows with the rows (with a
+            # long system prompt it was most of a call), and rows that finish early count whole at once
+            d0, t0 = 0.0, 0.0
         self.said.add(kind)
         if seconds < at_least:
             return None
