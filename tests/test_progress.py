@@ -84,6 +84,22 @@ def test_an_evaluation_that_ends_soon_after_its_first_report_is_timed_whole():
                     "2 still to come; the time per iteration follows from its first training work"]
 
 
+def test_a_unit_that_does_more_than_generate_is_not_projected_from_its_sampling():
+    """An RL step's update comes after its sampling (on CPU, SmolLM2, 8 x 8 responses: 25 s of
+    sampling, then a 121 s step): the sampling's pace says only what it measures, and the run's
+    projection waits for the first step, whole."""
+    said = []
+    clock = RunClock(said.append, "step", 16, 64, "8 prompts x 8 responses", "a", "cpu", 64,
+                     also="the update (log-probs, backward pass, optimizer step)")
+    clock.generation(4, 64, 2.0)
+    clock.generation(64, 64, 25.0)
+    assert said == ["sampling on this cpu (from 25 s of generation, 0.39 s per response of up to 64 tokens): ~25 s per "
+                    "step for its 64 responses alone; the update (log-probs, backward pass, optimizer step) comes on "
+                    "top, not measured yet: the run's time follows its first step"]
+    clock.trained(121.0, 1.0, "step")
+    assert said[1] == "projected on this cpu (from the first step, 121 s): ~2 min per step (8 prompts x 8 responses), ~32 min for 16 steps"
+
+
 def vllm_reports(rows: int, finish: list[float]):
     """What vLLM's progress tells: nothing until a request finishes, then the count of finished
     requests at each finish (``finish``: when each one does)."""

@@ -11,7 +11,8 @@ device and extrapolates to the whole run, with no table of device speeds.
   other batches than a unit's, so their pace per response is no measure of a unit's;
 - a projection per unit and for the run from the first training generation (``generation``: an
   ES member's or low-rank iteration's rows, an RL step's samples), once it has run ``SETTLE``
-  seconds. Shorter calls are not extrapolated: their fixed costs (noise work, prompt pass) are too
+  seconds. Where a unit does more than generate (``also``: an RL step's update, which on CPU took
+  4x its sampling for SmolLM2), only the sampling's time per unit is said, and what it leaves out. Shorter calls are not extrapolated: their fixed costs (noise work, prompt pass) are too
   large a share; the next item comes soon after them;
 - a projection from the first unit of training work, whole (``trained``: an ES member or
   iteration, an RL step), the most faithful.
@@ -79,6 +80,7 @@ class RunClock:
     eval_rows: int = 0
     evals_left: int = 0
     whole_calls: bool = False
+    also: str = ""  # what a unit does besides generating, whose cost a generation's pace cannot tell
     per_eval: float | None = None  # seconds per held-out evaluation, once measured
     starts: dict[str, tuple[float, float]] = field(default_factory=dict)  # first report of each kind of call
     said: set[str] = field(default_factory=set)
@@ -99,9 +101,15 @@ class RunClock:
         """A training generation's ``on_progress``: once it has run ``SETTLE`` seconds, its time
         per response, hence per unit and for the run."""
         pace = self._pace("generation", done, total, seconds, at_least=SETTLE)
-        if pace is not None:
-            self._tell("generation", f"{seconds:.0f} s of generation, {pace:.2f} s per response of up to "
-                                     f"{self.max_new_tokens} tokens", pace * self.rows_per_unit)
+        if pace is None:
+            return
+        source = f"{seconds:.0f} s of generation, {pace:.2f} s per response of up to {self.max_new_tokens} tokens"
+        if self.also:  # e.g. an RL step's backward pass, which on CPU took 4x its sampling: no run total yet
+            self.say(f"sampling on this {self.device} (from {source}): ~{duration(pace * self.rows_per_unit)} per "
+                     f"{self.unit} for its {self.rows_per_unit} responses alone; {self.also} comes on top, not measured "
+                     f"yet: the run's time follows its first {self.unit}")
+            return
+        self._tell("generation", source, pace * self.rows_per_unit)
 
     def trained(self, seconds: float, fraction: float, what: str) -> None:
         """The first ``what`` of training, ``fraction`` of a unit's work, took ``seconds``."""

@@ -79,7 +79,8 @@ def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows
                       f"--group-size (responses per prompt, now {cfg.group_size})",
                       f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
     return RunClock(say, "step", left, prompts * cfg.group_size, f"{prompts} prompts x {cfg.group_size} responses",
-                    shorten, device, cfg.max_new_tokens, eval_rows, evals, whole_calls)
+                    shorten, device, cfg.max_new_tokens, eval_rows, evals, whole_calls,
+                    also="the update (log-probs, backward pass, optimizer step)")
 
 
 def train(cfg: RLConfig, algorithm) -> Path:
