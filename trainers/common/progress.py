@@ -125,21 +125,18 @@ class RunClock:
         only when the call ends. A pace measured over less than ``at_least`` seconds is not told."""
         if kind in self.said or done <= 0:
             return None
-        if self.whole_calls:
-            if done < total:
+        if done < total:  # a call still running: wait until SETTLE s after its first report
+            if self.whole_calls:
                 return None
-            d0, t0 = 0.0, 0.0
-        else:
             d0, t0 = self.starts.setdefault(kind, (done, seconds))
-            if done < total and (done <= d0 or seconds - t0 < SETTLE):
+            if done <= d0 or seconds - t0 < SETTLE:
                 return None
-            # the pace is over the whole call so far, prompt pass included: it grows with the rows (with a
-            # long system prompt it was most of a call), and rows that finish early count whole at once
-            d0, t0 = 0.0, 0.0
         self.said.add(kind)
         if seconds < at_least:
             return None
-        return (seconds - t0) / (done - d0)
+        # over the whole call so far, prompt pass included: it grows with the rows (with a long
+        # system prompt it was most of a call), and rows that finish early count whole at once
+        return seconds / done
 
     def _tell(self, key: str, source: str, per_unit: float) -> None:
         self.said.add(key)
