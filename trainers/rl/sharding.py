@@ -105,13 +105,8 @@ class Ranks:
         return [x for part in out for x in part]
 
     def broadcast(self, obj: Any) -> Any:
-        """Rank 0's ``obj`` on every rank."""
-        if not self.sharded:
-            return obj
-        box = [obj]
-        with self.dist.collective("a broadcast"):
-            tdist.broadcast_object_list(box, src=0)
-        return box[0]
+        """Rank 0's ``obj`` on every rank (``Dist.from_main``)."""
+        return self.dist.from_main(obj)
 
     def wait_for_main(self) -> None:
         """Wait (long timeout) for rank 0's own work: logging, writing files."""
