@@ -101,6 +101,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                           f"{prompts_per_step // ranks.world} prompts x {cfg.group_size} responses, fewer than "
                           f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one response "
                           f"per micro-batch")
+    cfg.out = ranks.broadcast(cfg.out)  # the default name holds each rank's start time: rank 0's for all
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=ranks.is_main)
     run.write_config(to_dict(cfg))
     launch = f"torchrun --nproc-per-node {ranks.world} " if ranks.sharded else ""
