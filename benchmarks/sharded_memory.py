@@ -6,7 +6,8 @@ gradients and AdamW state, counted from the local shards, next to one process's 
 
 Every rank first takes one AdamW step on an unsharded copy (one process's state), then shards the
 models as ``trainers.rl.loop`` does (``Ranks.shard``) and takes one step on its share of a batch;
-each prints ``RESULT {json}`` with both counts. Sharded, a rank holds 1/W of each (the last shard
+rank 0 gathers the counts and prints one ``RESULT {json}`` line per rank (ranks printing
+themselves could interleave their lines). Sharded, a rank holds 1/W of each (the last shard
 of a parameter that does not split evenly is shorter); gathering a parameter for the engine or a
 checkpoint adds at most the largest full parameter (``largest_full_param``). The frozen reference
 model (2 bytes per parameter on CUDA) is sharded too and not counted here. Activations, the
@@ -71,9 +72,12 @@ def main(argv: list[str] | None = None) -> None:
     del whole
     ranks.shard(*modules)
     mine = one_step(modules, lambda: loss(modules, ranks.share(len(ids))))
-    print("RESULT " + json.dumps({"rank": ranks.rank, "world": ranks.world, "model": args.model,
-                                  "critic": args.critic == "true", "one_process": one, "this_rank": mine}), flush=True)
-    ranks.wait_for_main()
+    row = {"rank": ranks.rank, "world": ranks.world, "model": args.model, "critic": args.critic == "true",
+           "one_process": one, "this_rank": mine}
+    rows = ranks.gather([row])
+    if ranks.is_main:
+        for r in rows:
+            print("RESULT " + json.dumps(r), flush=True)
 
 
 if __name__ == "__main__":
