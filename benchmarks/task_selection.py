@@ -300,7 +300,7 @@ def extraction(rows: list[dict[str, Any]], examples, samples: int, scorer) -> di
 def measure_entry(entry: Entry, cfg: SelectionConfig, model, cache, spec) -> dict[str, Any]:
     """Greedy and sampled responses of one entry through the harness (cached generations, fresh scores)."""
     import llm_envs
-    from eval.harness import _header, _write, generate_and_score, summarize_split
+    from eval.harness import generate_and_score, summarize_split, summary_header, write_split
     from trainers.common.rollout import eval_examples
 
     env_args = entry.env_args()
@@ -325,9 +325,10 @@ def measure_entry(entry: Entry, cfg: SelectionConfig, model, cache, spec) -> dic
             print(f"[{entry.name}] {name}: {len(examples)} prompts x {samples}", file=sys.stderr, flush=True)
             gen, _, cached = generate_and_score(model, scorer, entry.env_id, env_args, examples, ecfg, cache, "test")
             rows = [{k: v for k, v in r.items() if k != "token_ids"} for r in gen["rows"]]
-            summary = _header(ecfg, spec, entry.env_id, env_args, "test", model, None) | summarize_split(rows, gen, ecfg, None)
+            summary = summary_header(ecfg, spec, entry.env_id, env_args, "test", model, None)
+            summary |= summarize_split(rows, gen, ecfg, None)
             summary["cached"] = cached
-            _write(out_dir, ecfg, spec, entry.env_id, "test", rows, summary)
+            write_split(out_dir, ecfg, spec, entry.env_id, "test", rows, summary)
             record[name] = {"pass@1": summary["pass@1"], f"pass@{samples}": summary["pass@k"].get(str(samples), 0.0),
                             "reward_mean": summary["reward_mean"], "reward_std": summary["reward_std"],
                             **_shares(rows), "n": summary["n"], "responses": summary["responses"],
@@ -472,7 +473,7 @@ def render_table(cfg: SelectionConfig, entries: list[Entry], records: dict[str, 
 def select(cfg: SelectionConfig, entries: list[Entry]) -> Path:
     """Measure every entry not measured yet with these settings; returns the table's path."""
     from eval.cache import Cache
-    from eval.harness import _describe
+    from eval.harness import model_spec
 
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -487,7 +488,7 @@ def select(cfg: SelectionConfig, entries: list[Entry]) -> Path:
         if e not in todo:
             print(f"[{e.name}] done before (results.json): skipped", file=sys.stderr, flush=True)
     if todo:
-        spec = _describe(build_config(EvalConfig, dict(model=cfg.model, engine=cfg.engine)))
+        spec = model_spec(build_config(EvalConfig, dict(model=cfg.model, engine=cfg.engine)))
         cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")
         model = TimedModel(spec.path, cfg.device, cache, cfg.dtype, cfg.engine_options())
         results["invocations"].append(invocation)

@@ -276,7 +276,7 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
 
 def run(cfg: EvalConfig) -> list[dict[str, Any]]:
     """Run the evaluation ``cfg`` describes; returns one summary record per split."""
-    spec = _describe(cfg)
+    spec = model_spec(cfg)
     try:
         env_id = llm_envs.registry.resolve_id(cfg.env)
     except llm_envs.UnknownEnvError as exc:
@@ -308,9 +308,9 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
             kl = measure_kl(model, base, examples, entry, key, cfg, cache) if base is not None else None
             rows = [{k: v for k, v in r.items() if k != "token_ids"} | ({"kl": kl[i]} if kl else {})
                     for i, r in enumerate(entry["rows"])]
-            summary = _header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
+            summary = summary_header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
             summary["cached"] = cached
-            _write(out_dir, cfg, spec, env_id, split, rows, summary)
+            write_split(out_dir, cfg, spec, env_id, split, rows, summary)
             print(_line(summary), flush=True)
             summaries.append(summary)
     finally:
@@ -328,7 +328,8 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
 # ----- helpers --------------------------------------------------------------------------------------
 
 
-def _describe(cfg: EvalConfig) -> ModelSpec:
+def model_spec(cfg: EvalConfig) -> ModelSpec:
+    """What ``--model`` names (a model, or a run directory and its method, seed, base), checked to exist."""
     try:
         spec = describe_model(cfg.model, cfg.label)
     except FileNotFoundError as exc:
@@ -361,8 +362,9 @@ def _default_out(spec: ModelSpec) -> Path:
     return Path("runs") / "eval" / re.sub(r"[^\w.-]+", "_", model_name(spec.path))
 
 
-def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split: str, model: LazyModel,
-            base: LazyModel | None) -> dict[str, Any]:
+def summary_header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split: str, model: LazyModel,
+                   base: LazyModel | None) -> dict[str, Any]:
+    """What a split's summary records besides its numbers: the env, model, decoding and engine."""
     return {"env": env_id, "env_args": env_args, "data": cfg.data, "split": split, "model": spec.path,
             "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
             "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
@@ -374,7 +376,8 @@ def _header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 
 
-def _write(out_dir: Path, cfg: EvalConfig, spec: ModelSpec, env_id: str, split: str, rows, summary) -> None:
+def write_split(out_dir: Path, cfg: EvalConfig, spec: ModelSpec, env_id: str, split: str, rows, summary) -> None:
+    """A split's rows (``.jsonl``) and summary under ``out_dir``; ``summary["file"]`` names the latter."""
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = f"ckpt{spec.iteration:06d}." if spec.iteration is not None else ""
     stem = re.sub(r"[^\w.-]+", "_", f"{prefix}{env_id}.{split}.{cfg.tag}")
