@@ -40,6 +40,7 @@ launch (vLLM's engine in a launched group joins every rank), so ``--engine vllm`
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import shutil
@@ -55,8 +56,8 @@ from tqdm import tqdm
 import llm_envs
 from benchmarks.study_report import ORIGINAL, hacked, write_report
 from trainers.common import distributed
-from trainers.common.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, env_kwargs, fail,
-                                    make_env, parse_config)
+from trainers.common.config import (ConfigError, build_config, check, check_engine, env_kwargs, make_env,
+                                    parse_config, run_main)
 from trainers.common.models import resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.common.splits import MIN_VALIDATION, VALIDATION
@@ -568,12 +569,7 @@ def _identity(cfg: StudyConfig) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> Path:
-    cfg = parse_config(StudyConfig, argv, description=__doc__.split("\n\n")[0])
-    with distributed.one_line_errors():  # a lost process, the launcher's SIGTERM: one line
-        try:
-            return study(cfg)
-        except USER_ERRORS as exc:
-            fail(str(exc))
+    return run_main(functools.partial(parse_config, StudyConfig, description=__doc__.split("\n\n")[0]), study, argv)
 
 
 if __name__ == "__main__":

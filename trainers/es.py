@@ -559,8 +559,7 @@ def resolve(argv: list[str] | None = None) -> ESConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    with distributed.one_line_errors():  # a lost process, the launcher's SIGTERM, diverged weights: one line
-        run_main(resolve, train, argv)
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

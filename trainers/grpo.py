@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 
 import torch
 
-from trainers.common import distributed
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.rl.logprobs import pad, token_logprobs
@@ -183,8 +182,7 @@ def resolve(argv: list[str] | None = None) -> GRPOConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    with distributed.one_line_errors():  # several processes: a lost process or the launcher's SIGTERM is one line
-        run_main(resolve, train, argv)
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

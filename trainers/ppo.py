@@ -42,7 +42,6 @@ from typing import ClassVar
 
 import torch
 
-from trainers.common import distributed
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.rl.logprobs import completion_states, pad, token_logprobs
@@ -209,8 +208,7 @@ class PPO:
         if cfg.whiten_advantages:
             width = max(m.shape[1] for m in masks)
             flat = lambda xs: torch.cat([torch.nn.functional.pad(x, (0, width - x.shape[1])) for x in xs])  # noqa: E731
-            white = masked_whiten(flat(advantages), flat(masks), total=self.ranks.sum_tensor if self.ranks.sharded
-                                  else None)
+            white = masked_whiten(flat(advantages), flat(masks), total=self.ranks.sum_tensor)
             advantages = [white[p][:, :m.shape[1]] for p, m in zip(parts, masks)]
         value_sum = sum(masked_sum(v, m).item() for v, m in zip(old_values, masks))
         tokens, kl_sum, value_sum = self.ranks.sum([samples.num_tokens, kl_sum, value_sum])
@@ -254,8 +252,7 @@ def resolve(argv: list[str] | None = None) -> PPOConfig:
 
 
 def main(argv: list[str] | None = None) -> None:
-    with distributed.one_line_errors():  # several processes: a lost process or the launcher's SIGTERM is one line
-        run_main(resolve, train, argv)
+    run_main(resolve, train, argv)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ from typing import Any, ClassVar, TypeVar
 import yaml
 
 import llm_envs
+from trainers.common import distributed
 from trainers.common.run_dir import RunDirError
 from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.noise.lowrank import LayerError
@@ -281,9 +282,12 @@ def resolve_config(cls: type, prefix, argv: list[str] | None = None, description
         parser.error(str(exc))
 
 
-def run_main(resolve, train, argv: list[str] | None = None) -> None:
-    """``train(resolve(argv))`` with bad configs, run directories and data as one-line errors."""
-    try:
-        train(resolve(argv))
-    except USER_ERRORS as exc:
-        fail(str(exc))
+def run_main(resolve, train, argv: list[str] | None = None):
+    """``train(resolve(argv))``, returned, with bad configs, run directories and data as one-line
+    errors; on several processes a lost process, the launcher's SIGTERM and diverged weights too
+    (``distributed.one_line_errors``)."""
+    with distributed.one_line_errors():
+        try:
+            return train(resolve(argv))
+        except USER_ERRORS as exc:
+            fail(str(exc))
