@@ -58,6 +58,7 @@ from typing import Any
 from eval.harness import EvalConfig, LazyModel
 from trainers.common.config import (USER_ERRORS, ConfigError, build_config, check, check_engine, fail, load_yaml,
                                     make_env, make_parser)
+from trainers.common.files import atomic_write
 from trainers.engines import EngineOptions
 
 #: The preset measured when no ``--config`` is given.
@@ -385,9 +386,7 @@ def read_results(path: Path) -> dict[str, Any]:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)  # a kill mid-write leaves the previous file whole
+    atomic_write(path, json.dumps(data, indent=1) + "\n")  # a kill mid-write leaves the previous file whole
 
 
 def _pct(x: float | None) -> str:

@@ -12,8 +12,9 @@ device and extrapolates to the whole run, with no table of device speeds.
 - a projection per unit and for the run from the first training generation (``generation``: an
   ES member's or low-rank iteration's rows, an RL step's samples), once it has run ``SETTLE``
   seconds. Where a unit does more than generate (``also``: an RL step's update, which on CPU took
-  4x its sampling for SmolLM2), only the sampling's time per unit is said, and what it leaves out. Shorter calls are not extrapolated: their fixed costs (noise work, prompt pass) are too
-  large a share; the next item comes soon after them;
+  4x its sampling for SmolLM2), only the sampling's time per unit is said, and what it leaves out.
+  Shorter calls are not extrapolated: their fixed costs (noise work, prompt pass) are too large a
+  share; the next item comes soon after them;
 - a projection from the first unit of training work, whole (``trained``: an ES member or
   iteration, an RL step), the most faithful.
 
