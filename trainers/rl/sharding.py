@@ -226,26 +226,29 @@ def _container(model: torch.nn.Module, modules: dict[str, torch.nn.Module]) -> t
     return torch.nn.ModuleDict({"policy": model, **modules})
 
 
+def _sharded_state(container: torch.nn.Module, modules: dict[str, torch.nn.Module], optimizer) -> dict[str, Any]:
+    """The optimizer's and ``modules``' state as ``torch.distributed.checkpoint`` saves and loads it."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
+
+    return {"optimizer": get_optimizer_state_dict(container, optimizer),
+            "modules": {k: get_model_state_dict(m) for k, m in modules.items()}}
+
+
 def save_shards(path: Path, model: torch.nn.Module, modules: dict[str, torch.nn.Module], optimizer) -> None:
     """The optimizer state and ``modules`` (a critic) with ``torch.distributed.checkpoint`` under
     ``path``: every rank writes its own shard (a collective)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_optimizer_state_dict
 
-    state = {"optimizer": get_optimizer_state_dict(_container(model, modules), optimizer),
-             "modules": {k: get_model_state_dict(m) for k, m in modules.items()}}
-    dcp.save(state, checkpoint_id=str(path))
+    dcp.save(_sharded_state(_container(model, modules), modules, optimizer), checkpoint_id=str(path))
 
 
 def load_shards(path: Path, model: torch.nn.Module, modules: dict[str, torch.nn.Module], optimizer) -> None:
     """Load what ``save_shards`` wrote into the optimizer and ``modules`` (a collective)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (get_model_state_dict, get_optimizer_state_dict,
-                                                         set_model_state_dict, set_optimizer_state_dict)
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_optimizer_state_dict
 
     container = _container(model, modules)
-    state = {"optimizer": get_optimizer_state_dict(container, optimizer),
-             "modules": {k: get_model_state_dict(m) for k, m in modules.items()}}
+    state = _sharded_state(container, modules, optimizer)
     dcp.load(state, checkpoint_id=str(path))
     for k, m in modules.items():
         set_model_state_dict(m, state["modules"][k])
