@@ -26,8 +26,9 @@ own functions (``eval.harness``: the same generation cache, scoring and per-resp
   ``<answer>...</answer>`` block or a final block left open, the share cut at ``--max-new-tokens``;
 - ``--samples`` K responses per prompt at ``--temperature`` (default 8 at 1.0): unbiased pass@K and
   the mean reward (and the same shares);
-- the extraction check: the env reads a final ``<answer>`` block the turn ends in, never closed, to
-  its end (``llm_envs.parsing.final_answer``); how many completions end in one (at the model's stop
+- the extraction check: the env reads the last closed ``<answer>`` block, or, when the turn has
+  none, the block it ends in, never closed, to its end (``llm_envs.parsing.final_answer``); how
+  many completions end in an open block (at the model's stop
   token / cut at the limit), how many of those score correct, and pass@1, pass@K and the mean
   rewards under the closed-only parser it replaced (``last_tag``, reasoning-gym's ``extract_answer``).
 
@@ -90,7 +91,7 @@ class SelectionConfig(EngineOptions):
     seed: int = field(default=0, metadata={"help": "sampling seed"})
     batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
-    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 / fp16 weights; None = fp32 on CPU, bf16 on CUDA"})
+    dtype: str | None = field(default="auto", metadata={"help": "fp32 / bf16 weights; auto = bf16 on CUDA and on a CPU with bf16 matrix units, fp32 elsewhere"})
     cache: str | None = field(default=None, metadata={"help": "generation cache directory or 'off'; None = the harness's default"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process); None = the env's"})
 
@@ -259,9 +260,9 @@ def _shares(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def extraction(rows: list[dict[str, Any]], examples, samples: int, scorer) -> dict[str, Any]:
-    """How much reading an unclosed final ``<answer>`` block matters. The env reads the last
-    ``<answer>`` block of the turn, or the one the turn ends in, never closed, to its end
-    (``llm_envs.parsing.final_answer``); the closed-only parser before it (``last_tag``, as
+    """How much reading an unclosed final ``<answer>`` block matters. The env reads the last closed
+    ``<answer>`` block of the turn, or, when it has none, the one the turn ends in, never closed, to
+    its end (``llm_envs.parsing.final_answer``); the closed-only parser before it (``last_tag``, as
     reasoning-gym's ``extract_answer``) read only closed blocks. Returns the counts of open final
     blocks (at the stop token / cut at the limit), how many of them the env scores correct, and
     pass@1, pass@K and the mean reward under the closed-only parser (those turns re-scored on their
@@ -436,14 +437,16 @@ def render_table(cfg: SelectionConfig, entries: list[Entry], records: dict[str, 
     lines += ["", f"**signal**: a mean reward (greedy or sampled; reasoning-gym rewards are in [0, 1]) of "
                   f"{100 * low:.0f}-{100 * high:.0f}% of the maximum" + (f", or pass@{k} >= {100 * PASSK_MIN:.0f}%" if k else "")
               + ". pass@1 is greedy; pass@k is the unbiased estimate from the samples. Rewards are the env's: the task's "
-                "own `score_answer` of the last `<answer>` block of the turn (opening + completion), or of the block the "
-                "turn ends in, never closed, read to its end (`llm_envs.parsing.final_answer`); 0 without one. Many "
+                "own `score_answer` of the last closed `<answer>` block of the turn (opening + completion), or, without one, "
+                "of the block the turn ends in, never closed, read to its end (`llm_envs.parsing.final_answer`); 0 "
+                "without either. Many "
                 "tasks give partial credit (reasoning-gym's default scorer: len(answer)/len(reply) when the reply "
                 "contains the answer). answer tag % = greedy completions whose answer is a closed `<answer>...</answer>` "
                 "block / a final block left open; cut at limit % = greedy completions that reached the token limit."]
     if opened:
         lines += ["", "## Extraction: what reading an unclosed final `<answer>` block gains", "",
-                  "The env reads a final `<answer>` block left open to the turn's end (since commit 1be550a); the "
+                  "The env reads a final `<answer>` block left open to the turn's end when the turn has no closed "
+                  "block (since commit 1be550a; closed blocks first since issue 33); the "
                   "parser before it read closed blocks only (reasoning-gym's `extract_answer`). Per entry with open "
                   "blocks: how many greedy completions end in one at the model's stop token or cut at the token limit "
                   "(in brackets: how many of those the env scores correct), and each number under the closed-only "

@@ -16,19 +16,24 @@ def tag_blocks(text: str, tag: str) -> list[str]:
 
 
 def last_tag(text: str, tag: str) -> str | None:
-    """The content of the last ``<tag>...</tag>`` block, stripped, or ``None``."""
-    blocks = tag_blocks(text, tag)
+    """The content of the last ``<tag>...</tag>`` block, stripped, or ``None``: what reasoning-gym's
+    ``extract_answer`` reads. Linear in the text: it is cut after the last closing tag first, so no
+    unclosed opening tag after it sends the lazy regex scanning to the end again and again."""
+    end = text.rfind(f"</{tag}>")
+    blocks = tag_blocks(text[:end + len(tag) + 3], tag) if end >= 0 else []
     return blocks[-1].strip() if blocks else None
 
 
 def final_answer(text: str, tag: str = "answer") -> str | None:
-    """The model's last answer, stripped: the content of the last ``<tag>...</tag>`` block, or, when
-    the text ends inside an opened block that was never closed (the model wrote its answer and
-    stopped), everything after that last opening tag; ``None`` without either. Linear in the text."""
+    """The model's answer, stripped: the content of the last closed ``<tag>...</tag>`` block (as
+    reasoning-gym's ``extract_answer`` reads it, whatever follows it); only when the text has no
+    closed block, everything after its last opening tag (the model wrote its answer, then its stop
+    token, and never closed the tag); ``None`` without either. Linear in the text."""
+    closed = last_tag(text, tag)
+    if closed is not None:
+        return closed
     opened = text.rfind(f"<{tag}>")
-    if opened >= 0 and text.find(f"</{tag}>", opened) < 0:
-        return text[opened + len(tag) + 2:].strip()
-    return last_tag(text, tag)
+    return text[opened + len(tag) + 2:].strip() if opened >= 0 else None
 
 
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)```", re.DOTALL)

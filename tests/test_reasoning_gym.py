@@ -20,6 +20,7 @@ from llm_envs import scoring
 from llm_envs.envs import rg
 from llm_envs.envs.rg import OPENING, SYSTEM_PROMPT, ReasoningGymEnv
 from llm_envs.list import main as list_main
+from llm_envs.parsing import final_answer, last_tag
 
 #: The golden tasks: the brief's five, a list-of-words answer and a sympy-scored one.
 GOLDEN = ["basic_arithmetic", "chain_sum", "leg_counting", "number_sorting", "gcd", "word_sorting",
@@ -199,7 +200,8 @@ def test_golden_answers(task, forked):
             (golden("wrong") + f"\nNo wait.\n<answer> {right} </answer>", ex, 1.0),  # the last one counts
             (golden(right) + "\n<answer>wrong</answer>", ex, None),
             (f"<think>x</think>\n<answer> {right} ", ex, 1.0),  # answered, then stopped without closing
-            (golden("wrong") + f"\n<answer>{right}", ex, 1.0),  # an open last block is the last answer
+            (golden("wrong") + f"\n<answer>{right}", ex, None),  # a closed block beats a later open one
+            (golden(right) + "\nMore text.\n<answer>", ex, 1.0),  # so an empty open tail does not hide it
         ]
     scores = env.score_batch([c for c, _, _ in cases], [e for _, e, _ in cases], workers=1)
     for (completion, ex, expected), score in zip(cases, scores):
@@ -208,7 +210,7 @@ def test_golden_answers(task, forked):
             assert score.reward < 1.0 and not score.correct, (completion, ex.answer, score)
         else:
             assert score.reward == expected and score.correct == (expected == 1.0), (completion, score)
-            closed = 1.0 if completion.rstrip().endswith("</answer>") else 0.5
+            closed = 1.0 if "</answer>" in completion else 0.5  # the block scored: closed if any is
             assert score.parts == {"format": closed if "<answer>" in completion else 0.0, "answer": expected}
     # The opening is part of the scored turn: step() takes the completion alone.
     env.reset(options={"split": "test", "index": 0})
@@ -219,6 +221,71 @@ def test_golden_answers(task, forked):
     assert opened.score(f"{examples[0].answer}</answer>", opened.examples("test")[0]).reward == 1.0
     assert opened.score(f"{examples[0].answer}", opened.examples("test")[0]).reward == 1.0  # the stop token came first
     opened.close()
+
+
+@pytest.mark.parametrize("task", ["basic_arithmetic", "word_sorting", "spell_backward", "letter_jumble"])
+def test_closed_answers_scored_as_reasoning_gym(task, forked):
+    """With a closed <answer> block in the turn, the env reads and scores what reasoning-gym's own
+    extract_answer + the task's score_answer do, whatever follows the block."""
+    from reasoning_gym.utils import extract_answer
+
+    env = make(task, train_size=0, test_size=3)
+    env.prepare_scoring()
+    cases = []
+    for ex in env.examples("test"):
+        right = ex.answer
+        for completion in [golden(right), golden(right) + "\nMore text.\n<answer>",  # the review's case
+                           golden(right) + "\n<answer>wrong", golden(right) + f"<answer>{right}",
+                           golden("wrong") + f"\n<answer>{right}", golden(f"{right} and a lot of junk"),
+                           golden("wrong") + golden(f" {right.upper()} ") + "\n<answer>\n"]:
+            cases.append((completion, ex))
+    scores = env.score_batch([c for c, _ in cases], [e for _, e in cases], workers=1)
+    for (completion, ex), score in zip(cases, scores):
+        turn = ex.opening + completion
+        expected = env._scoring_dataset.score_answer(extract_answer(turn), rg.entry(ex))
+        assert final_answer(turn) == extract_answer(turn) and score.error is None, completion
+        assert (score.reward, score.parts) == (expected, {"format": 1.0, "answer": expected}), completion
+    assert sum(s.reward == 1.0 for s in scores) >= 3 * 4  # the right answer, before open or later blocks
+    env.close()
+
+
+@pytest.mark.parametrize("task", ["spell_backward", "letter_jumble"])
+def test_correct_needs_the_exact_answer_not_junk_rounding_to_one(task, forked):
+    """spell_backward and letter_jumble give partial credit per letter / word, summing 1/n in floats:
+    an answer with junk after the right one lands on 0.9999999999999999 or 1.0000000000000002
+    (letter_jumble: often exactly 1.0). It is not correct; the exact answer (any case) is."""
+    env = make(task, train_size=0, test_size=50)
+    examples = list(env.examples("test"))
+    completions = [golden(e.answer) for e in examples] + [golden(e.answer.upper()) for e in examples]
+    junk = [golden(f"{e.answer} and a lot of junk") for e in examples]
+    scores = env.score_batch(completions + junk, examples * 3, workers=1)
+    exact, junked = scores[:100], scores[100:]
+    assert all((s.reward, s.correct) == (1.0, True) for s in exact)
+    assert not any(s.correct for s in junked), [s.reward for s in junked if s.correct]
+    # The artefact is there to be caught: junk answers scored a rounding error off 1.
+    assert sum(0 < abs(s.reward - 1.0) < 1e-9 for s in junked) >= 5
+    if task == "letter_jumble":  # extra words are free and the sum is clamped: exactly 1.0 too
+        assert any(s.reward == 1.0 for s in junked)
+    env.close()
+
+
+def test_format_part_says_how_the_scored_block_was_read(forked):
+    env = make("basic_arithmetic", **TINY, train_size=0, test_size=1)
+    ex = env.examples("test")[0]
+    right = ex.answer
+    cases = {  # completion: (reward, format)
+        f"<answer>{right}</answer><answer>{right}": (1.0, 1.0),  # the closed block is the one scored
+        f"<answer>{right}</answer> then <answer>wrong": (1.0, 1.0),
+        f"<answer>wrong</answer> then <answer>{right}": (0.0, 1.0),
+        f"<answer>{right}": (1.0, 0.5),  # no closed block: the open one, read to the end
+        f"</answer> <answer><answer>{right}": (1.0, 0.5),
+        f"the answer is {right}": (0.0, 0.0),
+    }
+    scores = env.score_batch(list(cases), [ex] * len(cases), workers=1)
+    for (completion, (reward, fmt)), score in zip(cases.items(), scores):
+        parts = {"format": fmt, "answer": reward}
+        assert (score.reward, score.correct, score.parts) == (reward, reward == 1.0, parts), completion
+    env.close()
 
 
 def test_composite_with_datasets(forked):
@@ -338,12 +405,25 @@ def test_list_cli_help_and_bad_flag():
         "python -m llm_envs.list: error: unrecognized arguments: --no-such-flag (--help lists the options)"]
 
 
-def test_final_answer_reads_the_last_block_closed_or_left_open():
-    from llm_envs.parsing import final_answer
-
+def test_final_answer_reads_the_last_closed_block_else_one_left_open():
     assert final_answer("<answer> 7 </answer>") == "7"
     assert final_answer("<answer>1</answer> then <answer>2</answer>") == "2"
-    assert final_answer("<answer>1</answer> then <answer> 2") == "2"  # the turn ended inside the last block
-    assert final_answer("<answer> 1 + 6 = 7") == "1 + 6 = 7"
+    assert final_answer("<answer>1</answer> then <answer> 2") == "1"  # a closed block beats an open one
+    assert final_answer("<answer>1</answer> then <answer>") == "1"
+    assert final_answer("<answer> 1 + 6 = 7") == "1 + 6 = 7"  # no closed block: the open one, to the end
+    assert final_answer("</answer> <answer> 2") == "2" and final_answer("<answer> <answer> 2") == "2"
     assert final_answer("no block at all") is None and final_answer("<answer>") == ""
-    assert final_answer("<answer>" * 20_000 + "x") == "x"  # linear, whatever the input
+    # Linear, whatever the input: no closing tag, or many opening tags after the last one.
+    assert final_answer("<answer>" * 20_000 + "x") == "x"
+    assert final_answer("<answer>1</answer>" + "<answer>" * 20_000 + "x") == "1"
+    assert last_tag("<answer>" * 20_000 + "x", "answer") is None
+
+
+def test_final_answer_reads_closed_blocks_as_reasoning_gym():
+    from reasoning_gym.utils import extract_answer
+
+    texts = ["<answer> 5 </answer>", "<answer>5</answer> more text <answer>", "<answer>5</answer><answer>5",
+             "<answer>1</answer>\n<answer>\n2\n</answer> <answer>3", "<answer><answer>5</answer></answer>",
+             "</answer><answer>5</answer>", "<think>x</think><answer>a\nb</answer>\n<answer>"]
+    for text in texts:
+        assert final_answer(text) == last_tag(text, "answer") == extract_answer(text), text

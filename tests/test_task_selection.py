@@ -81,14 +81,14 @@ def test_extraction_counts_open_answer_blocks_and_scores_the_closed_only_parser(
     cases = [(examples[0].answer, True),                                  # open at the stop token, right
              (examples[1].answer, False),                                 # open, cut at the limit, right
              ("12345", True),                                             # open, wrong
-             (f"{examples[3].answer}</answer> no: <answer>12345", True)]  # the closed-only parser reads the first
+             (f"{examples[3].answer}</answer> no: <answer>12345", True)]  # a closed block: both parsers read it
     scorer = llm_envs.BatchScorer(env, 0)
     scores = scorer.score_batch([c for c, _ in cases], examples)
     rows = [{"opening": "<answer>", "completion": c, "finished": done, "correct": s.correct, "reward": s.reward}
             for (c, done), s in zip(cases, scores)]
-    assert [r["correct"] for r in rows] == [True, True, False, False]  # the env reads open blocks
+    assert [r["correct"] for r in rows] == [True, True, False, True]  # the env reads open blocks, closed ones first
     out = ts.extraction(rows, examples, 1, scorer)
-    assert (out["open_stop"], out["open_stop_correct"], out["open_cut"], out["open_cut_correct"]) == (3, 1, 1, 1)
+    assert (out["open_stop"], out["open_stop_correct"], out["open_cut"], out["open_cut_correct"]) == (3, 2, 1, 1)
     assert out["closed_only"]["correct"] == 1 and out["closed_only"]["pass@1"] == pytest.approx(1 / 4)
     shares = ts._shares([r | {"tokens": 1} for r in rows])
     assert (shares["answer_closed"], shares["answer_open_stop"], shares["answer_open_cut"]) == (0.0, 0.75, 0.25)

@@ -25,13 +25,19 @@
   ``<answer> </answer>`` tags, with one worked example of that format (``SYSTEM_PROMPT``); the task's question as the user's message; the assistant's turn
   opened with "Let me solve this step by step.\\n<think>" (``opening=False``: none; a string:
   that one).
-- **Reward**: the task's own ``score_answer(answer, entry)`` of the content of the LAST
+- **Reward**: the task's own ``score_answer(answer, entry)`` of the content of the LAST closed
   ``<answer>...</answer>`` block of the whole assistant turn (opening + completion), stripped, as
-  reasoning-gym's ``extract_answer`` reads it; a turn that ends inside an ``<answer>`` block it
-  never closed (a small model writes its answer, then its stop token) is read to its end
-  (``parsing.final_answer``); no answer block scores 0. ``correct`` is ``reward == 1`` (within
-  1e-9). ``parts``: ``format`` (1 for a closed answer block, 0.5 for one left open, 0 for none)
-  and ``answer`` (the task's score). Each example keeps its reasoning-gym entry: ``answer`` is the
+  reasoning-gym's ``extract_answer`` reads it (anything after it, an unclosed ``<answer>``
+  included, is ignored). Only a turn with no closed block but an ``<answer>`` it never closed (a
+  small model writes its answer, then its stop token) is read from its last ``<answer>`` to its end
+  (``parsing.final_answer``); no answer block scores 0. ``correct`` is ``reward == 1.0`` exactly:
+  reasoning-gym's scorers give a literal 1.0 for an answer they accept, while spell_backward's and
+  letter_jumble's partial credits (float sums of 1/n) land a rounding error off 1 (e.g.
+  0.9999999999999999, 1.0000000000000002) for an answer with junk after the right one; letter_jumble's also reaches exactly 1.0 for it, so
+  its ``correct`` also needs its own exact match (``EXACT_MATCH_CORRECT``). ``parts``: ``format``
+  for the block scored (1 when it is closed, 0.5 when it was left open, 0 for none: 1 exactly when
+  ``extract_answer`` finds the answer, so ``<answer>5</answer><answer>5`` has 1) and ``answer``
+  (the task's score). Each example keeps its reasoning-gym entry: ``answer`` is the
   entry's answer (``None`` for tasks with many valid answers, scored by checking the model's),
   ``meta`` holds the ``task``, ``question`` and ``metadata`` (``entry(example)`` rebuilds it).
 - **Time bounds**: reasoning-gym scorers are arbitrary Python, some with sympy, which can spend
@@ -104,6 +110,14 @@ TASKS: tuple[str, ...] = (
 NEEDS_CONFIG: dict[str, str] = {
     "composite": "it mixes other tasks: pass datasets=[{'name': 'chain_sum', 'weight': 1, 'config': {}}, ...]",
 }
+
+#: Tasks whose partial credit can reach exactly 1.0 for an answer their own exact-match check
+#: rejects: ``correct`` there also needs that check (the answer equals the entry's, ignoring case).
+#: letter_jumble credits each expected word in its place, ignores extra words and clamps the sum of
+#: the 1/n's to 1.0, so "<the words> and a lot of junk" scores exactly 1.0 for most word counts
+#: (n = 3, 4, 5, 8, 9, ...) and 0.9999999999999997 for others. (spell_backward sums 1/n per letter
+#: too, but takes 0.2 off a sum equal to 1.0: its junk answers never score exactly 1.0.)
+EXACT_MATCH_CORRECT = frozenset({"letter_jumble"})
 
 #: The env's own keyword arguments (every other one is a field of the task's config).
 ENV_ARGS = ("data", "seed", "train_size", "test_size", "opening", "system_prompt")
@@ -343,13 +357,21 @@ class ReasoningGymEnv(TaskEnv):
             self._scoring_dataset = self._dataset(self._config("test", size=1))
 
     def score_completion(self, completion: str, example: Example) -> Score:
-        answer = final_answer(completion)  # the last <answer> block of the whole turn, closed or not
+        # The last closed <answer> block (reasoning-gym's extract_answer), else one left open.
+        answer = final_answer(completion)
         if answer is None:
             return Score(0.0, False, {"format": 0.0, "answer": 0.0})
         self.prepare_scoring()
         reward = float(self._scoring_dataset.score_answer(answer, entry(example)))
-        closed = last_tag(completion, "answer") == answer
-        return Score(reward, reward >= 1.0 - 1e-9, {"format": 1.0 if closed else 0.5, "answer": reward})
+        # Exactly 1.0, no tolerance: scorers return a literal 1.0 (or n/n) for an answer they accept;
+        # what lands a rounding error off 1 is a float sum of partial credits (see EXACT_MATCH_CORRECT).
+        # Golden answers score exactly 1.0 in every task that has them (30 items each, reasoning-gym 0.1.25).
+        correct = reward == 1.0
+        if correct and example.meta["metadata"].get("source_dataset", self.task) in EXACT_MATCH_CORRECT:
+            correct = answer.lower() == str(example.answer).strip().lower()
+        # final_answer reads an open block only when there is no closed one: format says which it scored.
+        closed = last_tag(completion, "answer") is not None
+        return Score(reward, correct, {"format": 1.0 if closed else 0.5, "answer": reward})
 
     def __getstate__(self) -> dict[str, Any]:
         # What a scoring worker needs: the task and its config, not the examples or the dataset
