@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm_envs.templates import render_chat as render_prompt  # the one rule, shared with llm_envs.trl
 from trainers.engines.bars import RowProgress, rows_bar
 from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
@@ -52,34 +53,6 @@ class GenerationResult:
     @property
     def tokens_per_second(self) -> float:
         return self.total_tokens / self.seconds if self.seconds > 0 else float("nan")
-
-
-def render_prompt(tokenizer, prompt: Prompt) -> str:
-    """The text of one prompt: chat messages through the chat template (with the assistant
-    generation prompt); a plain string is used as it is.
-
-    Chat messages that end with an assistant message (an example's opening) render with
-    ``continue_final_message``: the text ends exactly with that message's content, so every engine
-    that generates from this text continues the opening."""
-    if isinstance(prompt, str):
-        return prompt
-    if not isinstance(prompt, Sequence) or not all(isinstance(m, dict) for m in prompt):
-        raise TypeError(f"a prompt must be a list of chat messages ({{'role': ..., 'content': ...}}) or a string, "
-                        f"got {type(prompt).__name__}")
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("the tokenizer has no chat template, so chat-message prompts cannot be rendered; "
-                         "pass plain-string prompts or set tokenizer.chat_template")
-    if not prompt or prompt[-1].get("role") != "assistant":
-        return tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
-    opening = prompt[-1].get("content") or ""
-    text = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=False, continue_final_message=True,
-                                         tokenize=False)
-    if not text.endswith(opening) and text.endswith(opening.rstrip()):
-        text += opening[len(opening.rstrip()):]  # a template that trims message content drops trailing space
-    if not text.endswith(opening):
-        raise ValueError(f"the chat template does not end the rendered prompt with the assistant opening "
-                         f"{opening!r}, so generation cannot continue it")
-    return text
 
 
 def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
