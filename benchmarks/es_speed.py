@@ -13,6 +13,7 @@ prompts and generated lengths, for each generation engine (``--engine hf native 
 
     python -m benchmarks.es_speed [--engine hf native vllm] [--population 8 32] [--prompts 8] [--natural] [--limit]
     python -m benchmarks.es_speed --random-init qwen2.5-1.5b --dtype bf16   # a paper model's shapes
+    python -m benchmarks.es_speed --dtype fp32 bf16 --population 32        # fp32 against bf16, side by side
 
 Every row generates exactly --max-new-tokens tokens (stop tokens are suppressed until then), so
 the ratios measure the engines, not the completions; with --natural rows stop at their stop token,
@@ -45,7 +46,8 @@ import torch
 import llm_envs
 from trainers import es
 from trainers.common.config import Parser, build_config
-from trainers.common.models import DEFAULT_MODEL, load_model, resolve_device, resolve_dtype
+from trainers.common.hardware import machine_line
+from trainers.common.models import DEFAULT_MODEL, load_model, load_tokenizer, resolve_device, resolve_dtype
 from trainers.engines import ENGINES, EngineOptions, make_engine, vllm_missing
 from trainers.noise import fullrank, lowrank
 from trainers.noise.members import FullRankMember
@@ -126,7 +128,7 @@ def load(args):
     spec = json.loads((ARCH_DIR / f"{args.random_init}.json").read_text())
     config = AutoConfig.for_model(spec.pop("model_type"), **spec)
     device = resolve_device(args.device)
-    _, tokenizer = load_model(DEFAULT_MODEL, device="cpu", verbose=False)  # its ids fit every paper model's vocabulary
+    tokenizer = load_tokenizer(DEFAULT_MODEL)  # its ids fit every paper model's vocabulary
     with torch.device(device):
         model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(args.dtype, device))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
@@ -149,7 +151,9 @@ def measure(case: str, args) -> dict:
             p.mul_(1.0)
     out = {"weight_bytes": sum(p.numel() * p.element_size() for p in model.parameters()),
            "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
-           "dtype": str(next(model.parameters()).dtype).replace("torch.", "")}
+           "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+           "params": sum(p.numel() for p in model.parameters()),
+           "machine": machine_line(next(model.parameters()).device)}
     peak_of = PeakCUDA if cuda else PeakRSS
     if case in ("exact", "naive"):
         params = fullrank.Params(es.select_params(model, None), fp32_master=False)
@@ -356,7 +360,9 @@ def parse(argv: list[str] | None):
     parser.add_argument("--cases", default="full,lowrank,ceiling,member",
                         help="comma-separated subset of full, lowrank, ceiling, member, lora (lora: vLLM only)")
     parser.add_argument("--device", default=None)
-    parser.add_argument("--dtype", default=None, help="fp32 / bf16 (default: fp32 on CPU, bf16 on CUDA)")
+    parser.add_argument("--dtype", nargs="+", default=["auto"], choices=["auto", "fp32", "bf16"],
+                        help="weight dtypes to measure side by side (each case alternates them, ABBA); auto: bf16 on "
+                             "CUDA and on a CPU with bf16 matrix units, fp32 elsewhere; bf16 keeps fp32 masters")
     parser.add_argument("--case", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     unknown = set(args.cases.split(",")) - set(CASES)
@@ -367,8 +373,8 @@ def parse(argv: list[str] | None):
 
 def main(argv: list[str] | None = None) -> None:
     args = parse(argv)
-    if args.case:  # a child process: one case, one engine, one population size; prints one JSON line
-        args.population, args.engine = args.population[0], args.engine[0]
+    if args.case:  # a child process: one case, engine, population size and dtype; prints one JSON line
+        args.population, args.engine, args.dtype = args.population[0], args.engine[0], args.dtype[0]
         print("RESULT " + json.dumps(measure(args.case, args)))
         return
 
@@ -378,33 +384,43 @@ def main(argv: list[str] | None = None) -> None:
               str(args.member_prompts)]
     common += ["--random-init", args.random_init] if args.random_init else ["--model", args.model]
     common += ["--device", args.device] if args.device else []
-    common += ["--dtype", args.dtype] if args.dtype else []
     cases = [c for c in CASES if c in args.cases.split(",")]
     header = None
     for n in args.population:
-        r = {(case, engine): run_case(case, [*common, "--population", str(n), "--engine", engine])
-             for case in cases for engine in args.engine if case != "lora" or engine == "vllm"}
+        r, flip = {}, False
+        for case in cases:
+            for engine in args.engine:
+                if case == "lora" and engine != "vllm":
+                    continue
+                for dtype in (args.dtype[::-1] if flip else args.dtype):  # ABBA: neither dtype always runs first
+                    r[case, engine, dtype] = run_case(case, [*common, "--population", str(n), "--engine", engine,
+                                                             "--dtype", dtype])
+                flip = not flip
         first = next(iter(r.values()))
         if header is None:
             header = (f"model {args.random_init or args.model}{' (random weights)' if args.random_init else ''} "
-                      f"({first['weight_bytes'] / 2**20:.0f} MiB of {first['dtype']} weights) on {first['device']}, "
-                      f"{first['threads']} threads; env {args.env}; {args.prompts} prompts per member, (d) "
+                      f"({first['params'] / 1e6:.1f}M parameters) on {first['device']}, {first['machine']}; "
+                      f"env {args.env}; {args.prompts} prompts per member, (d) "
                       f"{args.member_prompts}; "
                       f"{'up to' if args.natural else 'exactly'} {args.max_new_tokens} new tokens per row "
                       f"({'natural' if args.natural else 'forced'} lengths); low-rank R={args.rank}")
             print(header)
-            print("| N x prompts | case | engine | member evals/s | tokens/s | s | generation s | share of the "
+            print("| N x prompts | case | engine | dtype | member evals/s | tokens/s | s | generation s | share of the "
                   "matmul limit | peak memory / weights | engine memory / weights |")
-            print("|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
-        for (case, engine), x in r.items():
+            print("|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for (case, engine, _), x in r.items():
             shape = f"1 x {args.member_prompts}" if case == "member" else f"{n} x {args.prompts}"
             share = f"{x['limit_seconds'] / x['generation_seconds']:.0%}" if "limit_seconds" in x else ""
-            print(f"| {shape} | {CASES[case]} | {engine} | {x['members'] / x['seconds']:.2f} | "
+            print(f"| {shape} | {CASES[case]} | {engine} | {x['dtype']} | {x['members'] / x['seconds']:.2f} | "
                   f"{x['tokens'] / x['seconds']:.1f} | {x['seconds']:.1f} | {x['generation_seconds']:.1f} | {share} | "
                   f"{x['growth'] / x['weight_bytes']:.2f} | {x['engine_bytes'] / x['weight_bytes']:.2f} |", flush=True)
-        print(ratios(r), flush=True)
+        for dtype in args.dtype:
+            print(f"ratios ({dtype}): " + ratios({(c, e): x for (c, e, d), x in r.items() if d == dtype}), flush=True)
+        if len(args.dtype) == 2:
+            print(dtype_ratios(r, *args.dtype), flush=True)
     if "hf" in args.engine:
-        exact, naive = (run_case(c, [*common, "--population", "2", "--engine", "hf"]) for c in ("exact", "naive"))
+        exact, naive = (run_case(c, [*common, "--population", "2", "--engine", "hf", "--dtype", args.dtype[0]])
+                        for c in ("exact", "naive"))
         w = exact["weight_bytes"]
         print(f"one perturb + restore, peak memory above the weights / weight bytes: exact (sparse patch) "
               f"{exact['growth'] / w:.2f}, naive full copy {naive['growth'] / w:.2f}")
@@ -425,7 +441,15 @@ def ratios(r: dict) -> str:
             parts.append(f"{engine} b/c = {r['ceiling', engine]['seconds'] / r['lowrank', engine]['seconds']:.2f}")
     if ("lora", "vllm") in r and ("lowrank", "vllm") in r:
         parts.append(f"multi-LoRA / hooks = {r['lowrank', 'vllm']['seconds'] / r['lora', 'vllm']['seconds']:.2f}")
-    return "ratios: " + "; ".join(parts)
+    return "; ".join(parts)
+
+
+def dtype_ratios(r: dict, a: str, b: str) -> str:
+    """Per case and engine: the iteration's and the generation's speed in ``b`` over ``a``."""
+    parts = [f"{CASES[case].split()[0]} {engine}: {x['seconds'] / r[case, engine, b]['seconds']:.2f} "
+             f"(generation {x['generation_seconds'] / r[case, engine, b]['generation_seconds']:.2f})"
+             for (case, engine, dtype), x in r.items() if dtype == a and (case, engine, b) in r]
+    return f"{b} over {a}, speed of the whole case (its generation alone): " + "; ".join(parts)
 
 
 if __name__ == "__main__":

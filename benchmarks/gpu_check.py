@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from trainers.common.config import Parser
-from trainers.common.models import DEFAULT_MODEL, load_model, model_fingerprint, save_model
+from trainers.common.models import DEFAULT_MODEL, load_model, load_tokenizer, model_fingerprint, save_model
 from trainers.engines import make_engine
 from trainers.engines.options import vllm_missing
 
@@ -68,7 +68,7 @@ def build_model(arch: str, layers: int | None, device: str, dtype: torch.dtype):
     model's vocabulary)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    _, tokenizer = load_model(DEFAULT_MODEL, device="cpu", verbose=False)
+    tokenizer = load_tokenizer(DEFAULT_MODEL)
     if arch == "tiny":
         spec = dict(model_type="qwen2", hidden_size=128, intermediate_size=256, num_attention_heads=4,  # head_dim 32: vLLM CPU
                     num_key_value_heads=2, num_hidden_layers=2, vocab_size=len(tokenizer), tie_word_embeddings=True)
@@ -159,7 +159,8 @@ def run_trainer(argv: list[str], log: Path, processes: int = 1, env: dict | None
                                                       "--nproc-per-node", str(processes)]
     with open(log, "w") as f:
         done = subprocess.run([*launch, "-m", *argv], stdout=f, stderr=subprocess.STDOUT, cwd=ROOT,
-                              env={**os.environ, "PYTHONPATH": str(ROOT), "LLM_ENVS_PROGRESS": "lines", **(env or {})})
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+                                   "LLM_ENVS_PROGRESS": "lines", **(env or {})})
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     error = next((line for line in reversed(lines) if "error" in line.lower()), lines[-1] if lines else "")
     return done.returncode == 0, error

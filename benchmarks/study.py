@@ -58,7 +58,7 @@ from benchmarks.study_report import ORIGINAL, hacked, write_report
 from trainers.common import distributed
 from trainers.common.config import (ConfigError, build_config, check, check_engine, env_kwargs, make_env,
                                     parse_config, run_main)
-from trainers.common.models import resolve_device
+from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.common.splits import MIN_VALIDATION, VALIDATION
 from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
@@ -123,7 +123,10 @@ class StudyConfig(EngineOptions):
                                                                    "(default: 20 for Conciseness-v0, else 1; 0: none)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
-    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 (default: fp32 on CPU, bf16 on CUDA)"})
+    dtype: str | None = field(default="auto", metadata={
+        "help": "compute dtype of every run and evaluation: auto (a resumed study's own; else bf16 on CUDA and on a "
+                "CPU with bf16 matrix units, fp32 elsewhere), fp32 or bf16; one study never mixes dtypes",
+        "choices": DTYPE_CHOICES})
     keep_weights: bool = field(default=False, metadata={"help": "keep every run's final model (default: deleted once measured)"})
     unequal_budgets: bool = field(default=False, metadata={"help": "accept methods whose actual training responses "
                                                                    "(whole steps within --max-samples) differ by more "
@@ -264,7 +267,7 @@ def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
 def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
             "--max-samples", str(cfg.max_samples), "--batch-size", str(prompts), "--eval-every", "0", *validation]
-    for name in ("max_new_tokens", "eval_limit", "env_args", "device", *ENGINE_FIELDS):
+    for name in ("max_new_tokens", "eval_limit", "env_args", "device", "dtype", *ENGINE_FIELDS):
         if getattr(cfg, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
     steps = cfg.max_samples // per_step(cfg, run.method, prompts)
@@ -275,8 +278,6 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
                  "--population", str(cfg.lowrank_population if lowrank else cfg.population),
                  "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
                  "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
-        if cfg.dtype:
-            argv += ["--dtype", cfg.dtype]
         if run.method == "es_sampled":
             argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
@@ -516,6 +517,7 @@ def study(cfg: StudyConfig) -> Path:
     check_budgets(cfg, prompts)
     env.close()
     out = Path(dist.from_main(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    settle_study_dtype(cfg, out)
     saved, identity = out / "study.json", _identity(cfg)
     if saved.is_file():
         previous = json.loads(saved.read_text())
@@ -560,6 +562,23 @@ def study(cfg: StudyConfig) -> Path:
     tqdm.write((out / "table1.md").read_text())
     tqdm.write(f"study written to {out} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
     return out
+
+
+def settle_study_dtype(cfg: StudyConfig, out: Path) -> None:
+    """``--dtype auto`` becomes a dtype, passed to every run and evaluation: a resumed study's own
+    (study.json), else this machine's default. A study resumed with another dtype is refused (its
+    identity differs), as one on another device is: one table must not mix their numerics."""
+    if cfg.dtype not in (None, "auto"):
+        return
+    saved = out / "study.json"
+    recorded = json.loads(saved.read_text()).get("dtype") if saved.is_file() else None
+    if recorded in ("fp32", "bf16"):
+        cfg.dtype = recorded
+    else:
+        try:
+            cfg.dtype = dtype_name(default_dtype(resolve_device(cfg.device)))
+        except ValueError as exc:
+            raise ConfigError(f"--device: {exc}") from None
 
 
 def _identity(cfg: StudyConfig) -> dict[str, Any]:

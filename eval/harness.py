@@ -27,14 +27,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
-from trainers.common.models import model_fingerprint, resolve_device, resolve_dtype
+from trainers.common.hardware import describe
+from trainers.common.models import DTYPE_CHOICES, dtype_name, model_fingerprint, resolve_device, resolve_dtype
 from trainers.common.rollout import eval_examples, rollout
-from trainers.common.run_dir import recorded_engine
+from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import ENGINES, EngineOptions, make_engine
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
@@ -68,7 +71,9 @@ class EvalConfig(EngineOptions):
     label: str | None = field(default=None, metadata={"help": "method label in tables and plots; None = inferred from the run's config"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
-    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 / fp16 weights; None = fp32 on CPU, bf16 on CUDA"})
+    dtype: str | None = field(default="auto", metadata={
+        "help": "fp32 / bf16 weights; auto = the compute dtype a trainer run recorded (its runtime.jsonl), else bf16 "
+                "on CUDA and on a CPU with bf16 matrix units, fp32 elsewhere", "choices": DTYPE_CHOICES})
     cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers); None = the env's"})
 
@@ -93,6 +98,8 @@ class EvalConfig(EngineOptions):
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         if self.engine is None:
             self.engine = run_engine(self.model) or "hf"
+        if self.dtype in (None, "auto"):
+            self.dtype = run_dtype(self.model) or "auto"
         check_engine(self)
 
     @property
@@ -101,6 +108,17 @@ class EvalConfig(EngineOptions):
         tag = "greedy" if self.temperature == 0 else f"t{self.temperature:g}-k{self.samples}"
         tag += f"-p{self.top_p:g}" if self.top_p < 1 else ""
         return tag + ("-kl" if self.kl_to else "") + (f"-n{self.limit}" if self.limit else "")
+
+
+def run_dtype(model: str) -> str | None:
+    """The compute dtype a trainer run (``--model`` naming a run, its final/ or a checkpoint) recorded
+    at its first start, as a ``--dtype`` value, else None."""
+    try:
+        spec = describe_model(model)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    recorded = recorded_dtype(spec.run) if spec.run else None
+    return dtype_name(resolve_dtype(recorded, torch.device("cpu"))) if recorded else None
 
 
 def run_engine(model: str) -> str | None:
@@ -134,6 +152,11 @@ class LazyModel:
     def runtime(self) -> dict[str, str]:
         """What besides the weights changes the generated text: the device type and the dtype."""
         return {"device": self.device.type, "dtype": str(self.dtype).removeprefix("torch.")}
+
+    @property
+    def machine(self) -> dict[str, str]:
+        """Where the times came from: the CPU (name, bf16 units) and the GPU, if used."""
+        return describe(self.device)
 
     def get(self) -> tuple[Any, Any]:
         if self._loaded is None:
@@ -372,6 +395,7 @@ def summary_header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict
             "kl_to": base.path if base else None, "kl_estimator": "k3" if base else None,
             "kl_temperature": cfg.temperature if base else None,  # both models' log-probs at the sampling temperature
             "fingerprint": model.fingerprint, **model.runtime, "engine": model.engine_options.engine,
+            "machine": model.machine,
             "base_fingerprint": base.fingerprint if base else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
 

@@ -25,6 +25,11 @@ from pathlib import Path
 import pytest
 import torch
 
+# The suite's numbers must not depend on the CPU CI draws (an AMX Xeon or a Zen 3 without bf16
+# units): ``--dtype auto`` resolves to fp32 here, subprocesses included. Tests of bf16 force it
+# with ``--dtype bf16``; tests of the detection set or clear this variable themselves.
+os.environ.setdefault("LLM_ENVS_CPU_BF16", "0")
+
 #: The real benchmark data: ``../shared/data`` beside the checkout (never copied into it), or the
 #: folder this variable names (a missing path hides the data, as in a clone without ``../shared``).
 SHARED_DATA_ENV = "LLM_ENVS_SHARED_DATA"

@@ -49,8 +49,8 @@ from tqdm import tqdm
 import llm_envs
 from trainers.common import distributed
 from trainers.common.budget import Budget
-from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, to_dict
-from trainers.common.models import load_model, save_model
+from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_dtype, to_dict
+from trainers.common.models import load_model, resolve_device, save_model
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, evaluate, rollout
 from trainers.common.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
@@ -107,8 +107,6 @@ class ESConfig(TrainConfig):
                 f"{ENGINES_HELP}", "choices": [AUTO, *ENGINES]})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
-    dtype: str | None = field(default=None, metadata={"help": "fp32 / bf16 weights (default: fp32 on CPU, bf16 on CUDA; "
-                                                               "fp32 keeps updates smaller than bf16's step)"})
     temperature: float = field(default=0.0, metadata={"help": "members' decoding: 0 = greedy (the paper's); > 0 samples, "
                                                               "with the same sample seeds for every member"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold of members' responses (--temperature > 0)"})
@@ -411,6 +409,12 @@ def train(cfg: ESConfig) -> Path:
     cfg.out = dist.from_main(cfg.out)  # the default name holds each rank's start time: rank 0's for all
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
+    try:
+        device = resolve_device(dist.device or cfg.device)
+    except ValueError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+    settle_dtype(cfg, device)
+    cfg.dtype = dist.from_main(cfg.dtype)
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
     per_member = per_iteration * cfg.samples_per_prompt  # responses a member generates
@@ -432,7 +436,7 @@ def train(cfg: ESConfig) -> Path:
     ckpts = [k for k in run.checkpoints() if k <= done] if cfg.resume else []
     source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
     with dist.main_first():  # the first load may fetch and convert the default model
-        model, tokenizer = load_model(source, device=dist.device or cfg.device, dtype=cfg.dtype)
+        model, tokenizer = load_model(source, device=device, dtype=cfg.dtype)
     dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
     check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
     params, layers = perturbable(model, cfg)
@@ -455,7 +459,9 @@ def train(cfg: ESConfig) -> Path:
         f"{cfg.samples_per_prompt} per prompt")
     mode += f", {dist.world} processes" if dist.world > 1 else ""
     share = params.numel() / sum(p.numel() for p in model.parameters())
-    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}), "
+    precision = f"{cfg.dtype}" + (" with fp32 masters" if any(m is not None for m in params.masters) else "")
+    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {mode}; "
+        f"{precision}), "
         f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, {decoding}, "
         f"engine {engine.name}, run dir {run.path}")
     if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:

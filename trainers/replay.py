@@ -14,7 +14,7 @@ from pathlib import Path
 
 from trainers.common.config import ConfigError, Parser, build_config, fail, load_yaml
 from trainers.common.models import load_model, save_model
-from trainers.common.run_dir import read_jsonl
+from trainers.common.run_dir import read_jsonl, recorded_dtype
 from trainers.es import NOISE_DEVICE_FILE, ESConfig, check_noise_device, perturbable, replay
 
 
@@ -25,8 +25,9 @@ def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | Non
     updates = [u for u in read_jsonl(run_dir / "updates.jsonl") if iteration is None or u["iteration"] <= iteration]
     if device is None and (run_dir / NOISE_DEVICE_FILE).is_file():
         device = json.loads((run_dir / NOISE_DEVICE_FILE).read_text())["device"]
+    dtype = recorded_dtype(run_dir) if cfg.dtype in (None, "auto") else cfg.dtype  # the dtype it trained in
     try:
-        model, tokenizer = load_model(cfg.model, device=device or cfg.device, dtype=cfg.dtype)
+        model, tokenizer = load_model(cfg.model, device=device or cfg.device, dtype=dtype)
     except ValueError as exc:  # e.g. a CUDA run replayed where there is no CUDA
         raise ConfigError(f"{run_dir}: {exc}") from None
     check_noise_device(run_dir, next(model.parameters()).device)

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
+import torch
 import yaml
 
 import llm_envs
 from trainers.common import distributed
-from trainers.common.run_dir import RunDirError
+from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_dtype
+from trainers.common.run_dir import RunDirError, recorded_dtype
 from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.noise.lowrank import LayerError
 
@@ -140,7 +142,7 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
         raise ConfigError(f"unknown option(s) {', '.join(_flag(u) for u in unknown)}")
     for f in dataclasses.fields(cls):
         choices = f.metadata.get("choices")
-        if f.name in values and choices and values[f.name] not in choices:
+        if f.name in values and choices and values[f.name] is not None and values[f.name] not in choices:
             raise ConfigError(f"{_flag(f.name)}: {values[f.name]!r} is not one of {', '.join(choices)}")
     config = cls(**{k: _convert(k, v, hints[k]) for k, v in values.items()})
     if hasattr(config, "validate"):
@@ -224,6 +226,10 @@ class TrainConfig(EngineOptions):
                                                                  "'validation' split and train on the rest; "
                                                                  "--eval-split validation evaluates there"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    dtype: str | None = field(default="auto", metadata={
+        "help": "compute dtype: auto (bf16 on CUDA and on a CPU with bf16 matrix units, AMX or AVX512-BF16; fp32 "
+                "elsewhere), fp32 or bf16; bf16 keeps fp32 master weights (a resumed run keeps its first dtype)",
+        "choices": DTYPE_CHOICES})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
 
     def validate(self) -> None:
@@ -235,9 +241,22 @@ class TrainConfig(EngineOptions):
         check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
         check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
+        if self.dtype is None:  # config.yaml of runs recorded before --dtype auto
+            self.dtype = "auto"
+        check(self.dtype in DTYPE_CHOICES, "dtype", f"{self.dtype!r} is not one of {', '.join(DTYPE_CHOICES)}")
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         check_engine(self)
+
+
+def settle_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
+    """The run's compute dtype, written back into ``cfg.dtype`` as ``fp32``/``bf16`` (so config.yaml
+    records what ran): ``auto`` is the dtype a resumed run recorded at its first start (a run never
+    changes dtype midway; its ES seeds rebuild its weights only in it), else ``default_dtype``."""
+    if cfg.dtype in (None, "auto"):
+        recorded = recorded_dtype(cfg.resume) if cfg.resume else None
+        cfg.dtype = dtype_name(resolve_dtype(recorded, device) if recorded else default_dtype(device))
+    return resolve_dtype(cfg.dtype, device)
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -35,6 +35,7 @@ from typing import Any
 import torch
 
 from trainers.common.files import atomic_directory
+from trainers.common.hardware import cpu_has_bf16
 from trainers.engines.bars import bar, live
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -75,30 +76,60 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     return dev
 
 
+#: What ``--dtype`` accepts (``auto``: ``default_dtype``).
+DTYPE_CHOICES = ["auto", "fp32", "bf16"]
+_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+
+
+def default_dtype(device: torch.device) -> torch.dtype:
+    """``--dtype auto``: bf16 on CUDA and on a CPU with bf16 matrix units (AMX, AVX512-BF16; detected,
+    ``hardware.cpu_bf16_units``), fp32 elsewhere (a CPU without them only emulates bf16, slower)."""
+    if device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16()):
+        return torch.bfloat16
+    return torch.float32
+
+
 def resolve_dtype(dtype: Any, device: torch.device) -> torch.dtype:
-    """``dtype`` (a ``torch.dtype`` or a name such as ``"bf16"``); default fp32 on CPU, bf16 on CUDA."""
+    """``dtype`` (a ``torch.dtype``, a name such as ``"bf16"``, or ``None``/``"auto"``: ``default_dtype``)."""
     if dtype is None or dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        return default_dtype(device)
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
-             "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-             "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
-    if isinstance(dtype, str) and dtype.lower() in names:
-        return names[dtype.lower()]
-    raise ValueError(f"invalid dtype {dtype!r}: use one of {sorted(names)} or a torch.dtype")
+    if isinstance(dtype, str) and dtype.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.lower()]
+    raise ValueError(f"invalid dtype {dtype!r}: use auto or one of {sorted(_DTYPE_NAMES)}")
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``: how runs, tables and flags name a dtype."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+#: The attribute a trainable model carries its compute dtype in (``set_compute_dtype``).
+_COMPUTE_ATTR = "_llm_envs_compute_dtype"
+
+
+def set_compute_dtype(model, dtype: torch.dtype | None) -> None:
+    """Make ``model`` (fp32 master weights) compute in ``dtype`` under autocast, on CPU as on CUDA:
+    ``compute_context`` and the engines read it. None or the weights' own dtype: no autocast."""
+    weights = next(model.parameters()).dtype
+    setattr(model, _COMPUTE_ATTR, dtype if dtype is not None and dtype != weights else None)
 
 
 def compute_dtype(model) -> torch.dtype | None:
-    """The dtype the RL policy computes in: bf16 on CUDA (it keeps fp32 weights: AdamW steps of
-    1e-6 vanish in bf16 weights), None (its weights' own) on CPU."""
-    return torch.bfloat16 if next(model.parameters()).device.type == "cuda" else None
+    """The dtype ``model`` computes in when it differs from its weights' (the RL policy: fp32 master
+    weights, so AdamW steps of 1e-6 are not rounded away, bf16 compute), else None."""
+    return getattr(model, _COMPUTE_ATTR, None)
 
 
 def compute_context(model):
-    """Autocast to ``compute_dtype(model)`` (bf16 on CUDA); nothing on CPU."""
+    """Autocast to ``compute_dtype(model)`` on the model's device; nothing when it has none."""
     dtype = compute_dtype(model)
-    return torch.autocast("cuda", dtype=dtype) if dtype is not None else contextlib.nullcontext()
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
 
 
 def cache_dir() -> Path:
@@ -112,8 +143,8 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
                verbose: bool = True):
     """Load a causal LM and its tokenizer: ``(model, tokenizer)``, model in eval mode on ``device``.
 
-    ``device``: ``None``/``"auto"`` -> CUDA if available, else CPU. ``dtype``: default fp32 on CPU
-    and bf16 on CUDA. Gradients are left enabled (trainers decide). The tokenizer always has a
+    ``device``: ``None``/``"auto"`` -> CUDA if available, else CPU. ``dtype``: ``None``/``"auto"`` ->
+    bf16 on CUDA and on a CPU with bf16 units, fp32 elsewhere (``default_dtype``). Gradients are left enabled (trainers decide). The tokenizer always has a
     pad token (the EOS token when it had none) and, for the default model, the ChatML template.
     """
     dev = resolve_device(device)
@@ -153,6 +184,18 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     model.to(dev)
     model.eval()
     return model, tok
+
+
+def load_tokenizer(name_or_path: str | os.PathLike | None = DEFAULT_MODEL):
+    """The tokenizer of ``name_or_path`` alone, prepared as ``load_model`` prepares it (no weights
+    are read: a copy of the default model's cache entry without its weights serves offline)."""
+    from transformers import AutoTokenizer
+
+    name = os.fspath(DEFAULT_MODEL if name_or_path is None else name_or_path)
+    path = ensure_default_model(verbose=False) if name.lower() in ALIASES else name
+    tok = AutoTokenizer.from_pretrained(path)
+    _prepare_tokenizer(tok)
+    return tok
 
 
 def _looks_local(name: str) -> bool:

@@ -4,7 +4,7 @@
     RUN/log.jsonl          one JSON record per iteration (and per evaluation)
     RUN/tb/                TensorBoard events of the same scalars
     RUN/updates.jsonl      ES only: seeds and coefficients of every applied update
-    RUN/runtime.jsonl      per start and resume: the device type and weight dtype it computed with
+    RUN/runtime.jsonl      per start and resume: the device type, compute and weight dtypes, engine and CPU
     RUN/checkpoints/K/     weights (Hugging Face format) after iteration K, plus trainer state
     RUN/final/             the final model (``AutoModelForCausalLM.from_pretrained`` loads it)
 
@@ -26,7 +26,7 @@ from tqdm import tqdm
 from trainers.common.files import append_line, atomic_write
 
 TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
-RUNTIME_FILE = "runtime.jsonl"  # per (re)start: the iteration it starts after, device type and weight dtype
+RUNTIME_FILE = "runtime.jsonl"  # per (re)start: the iteration it starts after, device, dtypes, engine, CPU
 
 
 class RunDirError(ValueError):
@@ -78,15 +78,21 @@ class RunDir:
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
             atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
-    def note_runtime(self, model, iteration: int, engine: str | None = None) -> None:
+    def note_runtime(self, model, iteration: int, engine: str | None = None, compute=None) -> None:
         """Record what this start (or resume, after ``iteration``) computes with: the device type, the
-        weights' dtype and the generation engine, which change the numbers (a study refuses to mix
-        them in one table; ``python -m eval`` on the run generates with the same engine)."""
+        compute dtype (``compute``, default the weights'), the weights' dtype, the generation engine
+        and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
+        study refuses to mix devices or dtypes in one table; ``python -m eval`` on the run generates
+        with the same engine)."""
         if self.is_main:
+            from trainers.common.hardware import describe
+
             p = next(model.parameters())
             append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
-                                                    "dtype": str(p.dtype).removeprefix("torch."),
-                                                    **({"engine": engine} if engine else {})})
+                                                    "dtype": str(compute or p.dtype).removeprefix("torch."),
+                                                    "weights": str(p.dtype).removeprefix("torch."),
+                                                    **({"engine": engine} if engine else {}),
+                                                    "machine": describe(p.device)})
 
     # ----- checkpoints -----------------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
@@ -162,3 +168,10 @@ def recorded_engine(run_dir: str | Path) -> str | None:
     not record one (runs older than the record)."""
     engines = [r["engine"] for r in read_jsonl(Path(run_dir) / RUNTIME_FILE) if "engine" in r]
     return engines[-1] if engines else None
+
+
+def recorded_dtype(path: str | Path) -> str | None:
+    """The compute dtype the run at ``path`` recorded at its first start ("float32", "bfloat16"), or
+    None (no record yet)."""
+    records = read_jsonl(Path(path) / RUNTIME_FILE)
+    return records[0].get("dtype") if records else None

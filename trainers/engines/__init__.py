@@ -21,7 +21,7 @@ __all__ = ["AUTO", "ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailab
 
 def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
     """The engine ``options`` names, generating for ``model``. ``compute_dtype``: the dtype to
-    generate in when it is not the weights' (the RL policy's fp32 weights generate in bf16 on CUDA)."""
+    generate in when it is not the weights' (the RL policy's fp32 weights generate in bf16 under autocast)."""
     if isinstance(options, str):
         options = EngineOptions(engine=options)
     options.check_engine_options()

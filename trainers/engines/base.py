@@ -73,8 +73,9 @@ class Engine(ABC):
 class ModelWeightsEngine(Engine):
     """An engine that generates with the model's own weight tensors (``hf``, ``native``): nothing to
     sync, a full-rank member is written into them for the call (``written_into_weights``), and a
-    ``compute_dtype`` other than the weights' dtype generates under autocast on CUDA (the RL policy:
-    fp32 weights, bf16 compute)."""
+    ``compute_dtype`` other than the weights' dtype generates under autocast (the RL policy: fp32
+    weights, bf16 compute, on CUDA and on a CPU with bf16 units; autocast caches each weight's bf16
+    copy for the whole call)."""
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
         """Nothing to do for the model's own weights; given ``weights``, copy each into the model
@@ -89,11 +90,12 @@ class ModelWeightsEngine(Engine):
     def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None):
         super().__init__(model, tokenizer)
         weights = next(model.parameters()).dtype
-        self.autocast = compute_dtype is not None and compute_dtype != weights and self.device.type == "cuda"
+        self.autocast = compute_dtype is not None and compute_dtype != weights
         self.compute_dtype = compute_dtype if self.autocast else weights
 
     def _autocast(self):
-        return torch.autocast("cuda", dtype=self.compute_dtype) if self.autocast else contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.compute_dtype) if self.autocast \
+            else contextlib.nullcontext()
 
     @staticmethod
     @contextlib.contextmanager

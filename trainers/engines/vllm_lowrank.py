@@ -38,7 +38,7 @@ class LowRankHooks:
                                     "compiled graphs): pass --vllm-eager true")
         self.engine = engine
         self.population = lowrank.Population(members.layers, members.seeds, members.signs, members.sigma,
-                                             members.rank, dtype=engine.dtype)
+                                             members.rank)  # fp32 factors: terms added in one rounding
         self.rank = members.rank
         self.token_members: torch.Tensor | None = None  # member of each token of the current forward pass
 
@@ -106,10 +106,10 @@ class LowRankHooks:
             if members is None:
                 return output
             out = output[0] if isinstance(output, tuple) else output
-            x = args[0].reshape(-1, B.shape[1]).to(B.dtype)
-            xb = torch.einsum("ti,tik->tk", x, B[members])  # (tokens, R * parts)
+            x = args[0].reshape(-1, B.shape[1]).float()
+            xb = torch.einsum("ti,tik->tk", x, B[members])  # (tokens, R * parts), fp32
             for j, (a, cols) in enumerate(At):
-                out[:, cols] += torch.einsum("tr,tro->to", xb[:, j * R:(j + 1) * R], a[members]).to(out.dtype)
+                out[:, cols] += torch.einsum("tr,tro->to", xb[:, j * R:(j + 1) * R], a[members])  # one rounding
             return output
 
         return add_noise

@@ -75,7 +75,9 @@ class Decoder:
         return KVCache(len(self.layers), slots, self.kv_heads, length, self.head_dim, self._dtype(), w.device)
 
     def _dtype(self) -> torch.dtype:
-        return torch.get_autocast_dtype("cuda") if torch.is_autocast_enabled("cuda") else self.head.weight.dtype
+        """The dtype the layers compute in: autocast's (fp32 master weights, RL), else the weights'."""
+        kind = self.head.weight.device.type
+        return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else self.head.weight.dtype
 
     def rope(self, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of positions ``0 .. length - 1``, ``(length, head_dim)``: computed once per wave,
