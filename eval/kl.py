@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import torch
 
-from trainers.rl.logprobs import pad, token_logprobs
+from trainers.rl.logprobs import batch_of, token_logprobs
 from trainers.rl.losses import kl_k3
 
 
@@ -34,14 +34,15 @@ def completion_logprobs(model, prompts: Sequence[Sequence[int]], completions: Se
                         batch_size: int = 8, pad_id: int = 0, temperature: float = 1.0) -> list[torch.Tensor]:
     """Log-probability of every completion token given its prompt and the tokens before it, under
     ``softmax(logits / temperature)``, in batches of ``batch_size`` (``trainers.rl.logprobs``, the
-    trainers' own computation); one float32 CPU tensor per completion (empty for an empty one)."""
+    trainers' own computation: samples of one prompt in a batch share its pass); one float32 CPU
+    tensor per completion (empty for an empty one)."""
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts for {len(completions)} completions")
     device = next(model.parameters()).device
     out: list[torch.Tensor] = []
     for start in range(0, len(prompts), batch_size):
         chunk = [list(c) for c in completions[start:start + batch_size]]
-        logp = token_logprobs(model, pad(prompts[start:start + batch_size], chunk, pad_id, device), temperature)
+        logp = token_logprobs(model, batch_of(prompts[start:start + batch_size], chunk, pad_id, device), temperature)
         out += [logp[i, :len(c)].float().cpu() for i, c in enumerate(chunk)]
     return out
 

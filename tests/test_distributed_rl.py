@@ -91,7 +91,10 @@ def test_shares_and_seeds_do_not_depend_on_the_number_of_processes():
 
 @pytest.mark.parametrize("method, extra", [
     ("grpo", []),
-    ("dr_grpo", ["--loss", "dr_grpo", "--grad-accum", "2", "--batch-size", "3"]),  # ranks: 2 and 1 prompts
+    # uneven shares (ranks: 2 and 1 prompts), micro-batches of rows (one row per response)
+    ("dr_grpo", ["--loss", "dr_grpo", "--grad-accum", "2", "--batch-size", "3", "--shared-prefix", "off"]),
+    # the shared prefix with micro-batches of whole groups sized by tokens: every rank runs as many
+    ("grpo_tokens", ["--micro-batch-tokens", "40", "--shared-prefix", "on"]),
     ("ppo", ["--value-lr", "1e-4", "--engine", "native"]),
     ("ppo_shared", ["--value-lr", "1e-4", "--shared-critic", "true", "--grad-accum", "2"]),
 ])

@@ -137,7 +137,7 @@ def test_ppo_raises_the_reward(tmp_path, tiny_model_dir):
     rewards = [r["reward_mean"] for r in train]
     assert sum(rewards[-2:]) / 2 > sum(rewards[:2]) / 2 + 0.1, rewards
     assert [r["samples"] for r in train] == [32 * k for k in range(1, 9)]
-    assert train[0]["kl"] == 0.0 and train[-1]["kl"] != 0  # KL to the frozen copy, in the reward
+    assert abs(train[0]["kl"]) < 1e-6 and train[-1]["kl"] != 0  # KL to the frozen copy (0 to rounding at first)
     assert train[-1]["value_mean"] != 0  # the critic learned something
     assert (out / "final" / "config.json").is_file()
 

@@ -36,10 +36,10 @@ import torch
 
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
-from trainers.rl.logprobs import pad, token_logprobs
-from trainers.rl.loop import RLConfig
+from trainers.rl.logprobs import batch_of, token_logprobs
+from trainers.rl.loop import RLConfig, uses_shared_prefix
 from trainers.rl.losses import clipped_surrogate, kl_k3, masked_sum
-from trainers.rl.policy import clip_and_step, micro_batches
+from trainers.rl.policy import clip_and_step, split_batch
 from trainers.rl.sampling import Samples
 from trainers.rl.sharding import Ranks
 
@@ -117,6 +117,7 @@ class GRPO:
         self.ranks = ranks or Ranks()  # the other processes (one process: none)
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
+        self.shared = uses_shared_prefix(cfg)  # each group's prompt computed once
         self.modules: dict[str, torch.nn.Module] = {}  # nothing trainable besides the policy
         if cfg.loss == "dr_grpo":
             self.name = "Dr.GRPO"
@@ -125,12 +126,14 @@ class GRPO:
         return [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
 
     def padded(self, samples: Samples, part: slice):
-        return pad(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device)
+        """A micro-batch's tensors: whole groups sharing their prompt, or one row per response."""
+        return batch_of(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device, self.shared)
 
     @torch.no_grad()
     def prepare(self, samples: Samples) -> Batch:
         cfg = self.cfg
-        parts = micro_batches(len(samples), cfg.grad_accum)
+        parts = split_batch(samples.prompt_ids, samples.completion_ids, self.shared, cfg.grad_accum,
+                            cfg.micro_batch_tokens, self.ranks.max if self.ranks.sharded else None)
         advantages = group_advantages(samples.rewards, samples.group_size, cfg.loss == "grpo").to(self.device)
         # the whole step's responses and tokens, over every process (each holds whole groups)
         responses, tokens = self.ranks.sum([len(samples), samples.num_tokens])

@@ -44,10 +44,11 @@ import torch
 
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
-from trainers.rl.logprobs import completion_states, pad, token_logprobs
-from trainers.rl.loop import RLConfig
+from trainers.common.models import compute_dtype
+from trainers.rl.logprobs import batch_of, completion_states, token_logprobs
+from trainers.rl.loop import RLConfig, uses_shared_prefix
 from trainers.rl.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
-from trainers.rl.policy import clip_and_step, load_critic_trunk, micro_batches
+from trainers.rl.policy import clip_and_step, load_critic_trunk, split_batch
 from trainers.rl.sampling import Samples
 from trainers.rl.sharding import Ranks
 
@@ -158,9 +159,10 @@ class PPO:
         self.ranks = ranks or Ranks()  # the other processes (one process: none)
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
+        self.shared = uses_shared_prefix(cfg)  # each group's prompt computed once (--group-size > 1)
         # The critic: a separate trunk, a fresh copy of the base model (None: the policy's own).
         self.trunk = None if cfg.shared_critic else load_critic_trunk(cfg.model, str(self.device),
-                                                                      cfg.gradient_checkpointing)
+                                                                      cfg.gradient_checkpointing, compute_dtype(model))
         self.value_head = ValueHead(model.config.hidden_size).to(self.device)
         self.modules = {"value_head": self.value_head}  # saved with checkpoints, restored on resume
         if self.trunk is not None:
@@ -174,7 +176,7 @@ class PPO:
 
     def forward(self, samples: Samples, part: slice):
         """(log-probs, values, mask) of one micro-batch under the current policy and critic."""
-        mb = pad(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device)
+        mb = batch_of(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device, self.shared)
         if self.trunk is None:
             logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature, hidden=True)
         else:
@@ -189,7 +191,8 @@ class PPO:
     @torch.no_grad()
     def prepare(self, samples: Samples) -> Batch:
         cfg = self.cfg
-        parts = micro_batches(len(samples), cfg.grad_accum)
+        parts = split_batch(samples.prompt_ids, samples.completion_ids, self.shared, cfg.grad_accum,
+                            cfg.micro_batch_tokens, self.ranks.max if self.ranks.sharded else None)
         old_logp, old_values, masks, rewards, kl_sum = [], [], [], [], 0.0
         for part in parts:
             logp, values, mb = self.forward(samples, part)

@@ -23,8 +23,8 @@ from tqdm import tqdm
 import llm_envs
 from trainers.common import distributed
 from trainers.common.budget import Budget
-from trainers.common.config import ConfigError, TrainConfig, check, to_dict
-from trainers.common.models import compute_dtype
+from trainers.common.config import ConfigError, TrainConfig, check, settle_dtype, to_dict
+from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, evaluate
 from trainers.common.run_dir import RunDir, summarize
@@ -49,7 +49,15 @@ class RLConfig(TrainConfig):
     beta: float | None = field(default=None, metadata={"help": "KL penalty coefficient to the frozen base model (0: no reference model is loaded)"})
     clip_eps: float = field(default=0.2, metadata={"help": "clip range of the importance ratio, [1-eps, 1+eps]"})
     epochs: int = field(default=1, metadata={"help": "optimizer steps on each sampled batch (> 1 makes the clipped ratio bite)"})
-    grad_accum: int = field(default=1, metadata={"help": "split each step's responses into K micro-batches (gradient accumulation)"})
+    grad_accum: int = field(default=1, metadata={"help": "split each step's responses into K micro-batches (gradient "
+                                                         "accumulation; whole groups with the shared prefix)"})
+    micro_batch_tokens: int | None = field(default=None, metadata={
+        "help": "split each step into as few micro-batches as hold at most N tokens each, as the forward pass sees "
+                "them (a shared prompt once), instead of --grad-accum's K parts"})
+    shared_prefix: str = field(default="auto", metadata={
+        "help": "compute each group's prompt once (policy, old and reference log-probs, critic), the same gradients: "
+                "auto = on when groups have 2+ responses and --gradient-checkpointing is off (transformers drops the "
+                "cache it uses under checkpointing); off = one row per response", "choices": ["auto", "on", "off"]})
     gradient_checkpointing: bool = field(default=False, metadata={"help": "recompute activations in the backward pass (less memory)"})
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
@@ -65,9 +73,22 @@ class RLConfig(TrainConfig):
         check(0 < self.clip_eps < 1, "clip_eps", "must be in (0, 1)")
         check(self.epochs >= 1, "epochs", "must be >= 1")
         check(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "micro_batch_tokens", "must be >= 1")
+        check(self.micro_batch_tokens is None or self.grad_accum == 1, "micro_batch_tokens",
+              "give --grad-accum K or --micro-batch-tokens N, not both")
+        check(not (self.shared_prefix == "on" and self.gradient_checkpointing), "shared_prefix",
+              "'on' does not work with --gradient-checkpointing (transformers drops the key/value cache the shared "
+              "prefix reads); use --shared-prefix off, or leave checkpointing off")
         check(self.max_grad_norm >= 0, "max_grad_norm", "must be >= 0")
         check(self.weight_decay >= 0, "weight_decay", "must be >= 0")
         check(self.temperature > 0 and math.isfinite(self.temperature), "temperature", "must be > 0 (RL samples)")
+
+
+def uses_shared_prefix(cfg: RLConfig) -> bool:
+    """Whether the run computes each group's prompt once (``--shared-prefix``)."""
+    if cfg.shared_prefix == "auto":
+        return cfg.group_size > 1 and not cfg.gradient_checkpointing
+    return cfg.shared_prefix == "on"
 
 
 def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows: int, evals: int,
@@ -90,17 +111,24 @@ def train(cfg: RLConfig, algorithm) -> Path:
     ranks = Ranks(distributed.init())
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
+    try:
+        dev = resolve_device(ranks.dist.device or cfg.device)
+    except ValueError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+    dtype = settle_dtype(cfg, dev)  # the compute dtype; weights, gradients and AdamW stay fp32
+    cfg.dtype = ranks.broadcast(cfg.dtype)
     train_examples = env.examples("train")
     prompts_per_step = min(cfg.batch_size, len(train_examples))
     per_step = prompts_per_step * cfg.group_size  # responses one sampled batch generates (all ranks)
     if cfg.max_samples is not None and cfg.max_samples < per_step:
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
                           f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
-    if ranks.sharded and (prompts_per_step // ranks.world) * cfg.group_size < cfg.grad_accum:
+    units = (prompts_per_step // ranks.world) * (1 if uses_shared_prefix(cfg) else cfg.group_size)
+    if ranks.sharded and units < cfg.grad_accum:
         raise ConfigError(f"--batch-size {prompts_per_step} prompts over {ranks.world} processes leaves a process "
                           f"{prompts_per_step // ranks.world} prompts x {cfg.group_size} responses, fewer than "
-                          f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one response "
-                          f"per micro-batch")
+                          f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one "
+                          f"{'group' if uses_shared_prefix(cfg) else 'response'} per micro-batch")
     cfg.out = ranks.broadcast(cfg.out)  # the default name holds each rank's start time: rank 0's for all
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=ranks.is_main)
     run.write_config(to_dict(cfg))
@@ -117,18 +145,18 @@ def train(cfg: RLConfig, algorithm) -> Path:
     device = ranks.dist.device or cfg.device
     with ranks.dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
-                                       cfg.gradient_checkpointing)
+                                       cfg.gradient_checkpointing, dtype)
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
     # On several processes the engine holds its own full copy, taken before the policy is sharded;
     # each model is sharded (FSDP2; nothing on one process) before the next one is loaded.
-    dtype = compute_dtype(model)
+    dtype = compute_dtype(model)  # None in fp32: the weights' own
     engine = make_engine(cfg, ranks.engine_model(model, cfg.engine, dtype), tokenizer, dtype)
     ranks.shard(model)
-    ref = load_reference(cfg.model, device) if cfg.beta else None
+    ref = load_reference(cfg.model, device, dtype) if cfg.beta else None
     ranks.shard(ref)
     algo = algorithm(cfg, model, tokenizer, ref, ranks)
     ranks.shard(*algo.modules.values())  # PPO's critic
-    run.note_runtime(model, done, engine.name)
+    run.note_runtime(model, done, engine.name, dtype)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
     # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
@@ -149,7 +177,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
-    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters, {prompts_per_step} "
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters ({cfg.dtype} compute, fp32 master "
+        f"weights and optimizer), {prompts_per_step} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, run dir {run.path}"
         + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
 

@@ -2,26 +2,34 @@
 reference (the KL anchor), PPO's critic trunk, AdamW, and one optimizer step over accumulated
 micro-batches.
 
+Precision (``--dtype``): the trainable models keep fp32 master weights, fp32 gradients and an fp32
+optimizer, and compute in the run's dtype under autocast (bf16 on CUDA and on a CPU with bf16
+units); losses and log-softmax are fp32. The frozen reference is loaded in the compute dtype.
+
 Memory per parameter of the base model (weights and optimizer state; activations and the
 generation cache come on top): the policy 16 bytes (fp32 weights 4, fp32 gradients 4, AdamW's two
-moments 8); the reference 2 on CUDA (bf16), 4 on CPU; PPO's separate critic another 16 (a second
-trainable trunk). So GRPO ~18 bytes/parameter on CUDA, PPO ~34 (~18 with ``--shared-critic``).
+moments 8); the reference 2 in bf16, 4 in fp32; PPO's separate critic another 16 (a second
+trainable trunk). So GRPO ~18 bytes/parameter in bf16, PPO ~34 (~18 with ``--shared-critic``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 
-from trainers.common.models import load_model, resolve_device
+from trainers.common.models import load_model, resolve_device, set_compute_dtype
 
 
-def load_policy(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False):
-    """The trainable policy: fp32 master weights (bf16 compute on CUDA through ``compute_context``)."""
+def load_policy(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False,
+                compute: torch.dtype | None = None):
+    """The trainable policy: fp32 master weights, computing in ``compute`` (None: fp32) under autocast
+    (``compute_context``)."""
     model, tokenizer = load_model(name_or_path, device=device, dtype=torch.float32)
     model.requires_grad_(True)
+    set_compute_dtype(model, compute)
     if gradient_checkpointing:
         kwargs = {"use_reentrant": False}
         if hasattr(model, "activation_checkpointing_enable"):  # the name in recent transformers
@@ -32,26 +40,23 @@ def load_policy(name_or_path: str, device: str | None = None, gradient_checkpoin
     return model, tokenizer
 
 
-def reference_dtype(device: torch.device) -> torch.dtype:
-    """The frozen reference model's dtype: bf16 on CUDA (2 bytes per parameter instead of 4; it is
-    only read, in the same bf16 autocast the policy computes in), fp32 on CPU (no fast bf16)."""
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
-
-
-def load_reference(name_or_path: str, device: str | None = None):
-    """A frozen copy of the base model (the KL anchor), in ``reference_dtype``; load it only when
-    beta > 0."""
-    dev = resolve_device(device)
-    model, _ = load_model(name_or_path, device=dev, dtype=reference_dtype(dev))
+def load_reference(name_or_path: str, device: str | None = None, compute: torch.dtype | None = None):
+    """A frozen copy of the base model (the KL anchor), with weights in the policy's compute dtype
+    (``compute``, None: fp32; bf16 takes 2 bytes per parameter instead of 4, and the reference is
+    only read); load it only when beta > 0."""
+    model, _ = load_model(name_or_path, device=resolve_device(device), dtype=compute or torch.float32)
     model.requires_grad_(False)
     model.eval()
     return model
 
 
-def load_critic_trunk(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False):
+def load_critic_trunk(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False,
+                      compute: torch.dtype | None = None):
     """A trainable copy of the base model without its LM head (``base_model``: the transformer that
-    yields hidden states), fp32 master weights like the policy: the trunk of PPO's separate critic."""
-    model, _ = load_policy(name_or_path, device, gradient_checkpointing)
+    yields hidden states), fp32 master weights computing in ``compute`` like the policy: the trunk
+    of PPO's separate critic."""
+    model, _ = load_policy(name_or_path, device, gradient_checkpointing, compute)
+    set_compute_dtype(model.base_model, compute)
     return model.base_model
 
 
@@ -65,6 +70,63 @@ def micro_batches(n: int, count: int) -> list[slice]:
     """``count`` contiguous, near-equal slices of ``range(n)`` (gradient accumulation)."""
     bounds = np.linspace(0, n, min(count, n) + 1).round().astype(int)
     return [slice(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
+
+
+def units_of(prompt_ids: Sequence[Sequence[int]], shared: bool) -> list[slice]:
+    """What a micro-batch is made of: whole groups (runs of rows with one prompt) with the shared
+    prefix, else single rows."""
+    starts = [i for i in range(len(prompt_ids)) if not shared or i == 0 or list(prompt_ids[i]) != list(prompt_ids[i - 1])]
+    return [slice(a, b) for a, b in zip(starts, starts[1:] + [len(prompt_ids)])]
+
+
+def unit_tokens(prompt_ids, completion_ids, unit: slice, shared: bool) -> int:
+    """Tokens the forward pass sees for ``unit``: its prompt once and every completion (shared), or
+    prompt + completion per row."""
+    completions = sum(len(c) for c in completion_ids[unit])
+    prompts = len(prompt_ids[unit.start]) if shared else sum(len(p) for p in prompt_ids[unit])
+    return prompts + completions
+
+
+def split_batch(prompt_ids, completion_ids, shared: bool, count: int = 1, max_tokens: int | None = None,
+                agree: Callable[[int], int] | None = None) -> list[slice]:
+    """The micro-batches of a step (gradient accumulation): contiguous runs of whole units
+    (``units_of``), either ``count`` of them balanced by tokens, or, with ``max_tokens``, packed in
+    order so that each holds at most ``max_tokens`` tokens (a unit larger than that alone). ``agree(k)`` -> the
+    largest k over processes: every process then takes that many parts (FSDP's forward passes are
+    collectives, so each process must run as many). Without the shared prefix and ``max_tokens``,
+    ``count`` near-equal slices of rows, as before it existed."""
+    units = units_of(prompt_ids, shared)
+    if not shared and max_tokens is None:
+        return micro_batches(len(prompt_ids), count)
+    cost = [unit_tokens(prompt_ids, completion_ids, u, shared) for u in units]
+    packed = None
+    if max_tokens is not None:  # greedy: a new part when the next unit would not fit
+        packed, held = [0], 0
+        for i, c in enumerate(cost):
+            if held and held + c > max_tokens:
+                packed.append(i)
+                held = 0
+            held += c
+        count = len(packed)
+    # every process: the most parts any needs, at most as many as the process with the fewest units has
+    agreed = min(agree(count), -agree(-len(units))) if agree else min(count, len(units))
+    if packed is not None and agreed == count:
+        return [slice(units[a].start, units[b - 1].stop) for a, b in zip(packed, packed[1:] + [len(units)])]
+    count = agreed
+    # cut at the unit boundary nearest each k/count of the total: parts balanced by tokens
+    total, bounds, running = sum(cost), [0], 0
+    for i, c in enumerate(cost):
+        target = total * len(bounds) / count
+        if len(bounds) < count and running + c >= target:
+            cut = i if i > bounds[-1] and target - running < running + c - target else i + 1
+            if cut < len(units):
+                bounds.append(cut)
+        running += c
+    bounds.append(len(units))
+    while len(bounds) < count + 1:  # fewer cuts than asked (a few very large units): split the largest
+        widest = max(range(len(bounds) - 1), key=lambda k: bounds[k + 1] - bounds[k])
+        bounds.insert(widest + 1, (bounds[widest] + bounds[widest + 1]) // 2)
+    return [slice(units[a].start, units[b - 1].stop) for a, b in zip(bounds[:-1], bounds[1:]) if b > a]
 
 
 def clip_and_step(optimizer, max_grad_norm: float | None) -> list[float]:

@@ -95,6 +95,10 @@ class Ranks:
             tdist.all_reduce(total)
         return total.to(t.dtype)
 
+    def max(self, value: int) -> int:
+        """The largest ``value`` over ranks (each rank then runs as many micro-batches)."""
+        return max(self.gather([value]))
+
     def gather(self, items: Sequence[Any]) -> list[Any]:
         """Every rank's ``items`` (picklable, any number per rank), concatenated in rank order."""
         if not self.sharded:
