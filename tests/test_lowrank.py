@@ -132,26 +132,34 @@ def test_bf16_batched_close_to_explicit(tiny_model, tiny_tokenizer):
 
 
 @pytest.mark.parametrize("rank", [1, 8])  # the CPU's rank-1 sums and the batched products
-def test_bf16_member_term_is_added_in_fp32_with_one_rounding(rank, tiny_model):
-    """In a bf16 model the member's term is computed in fp32 and added to the layer's bf16 output in
-    one rounding: the output is exactly (x W^T in bf16, then + the fp32 term) rounded once, and the
-    realised perturbation tracks the intended one."""
+def test_bf16_member_keeps_its_perturbation(rank, tiny_model):
+    """In a bf16 model a member's term is added to the layer's output, not folded into its bf16
+    weight: the realised perturbation of the output tracks the intended one up to the output's own
+    bf16 rounding (the term is ~1% of the output here), at least as well as a bf16 weight plus the
+    same perturbation would (the tiny model's weights, std 0.1, against sigma 1e-3)."""
+    sigma = 1e-3
     model = copy.deepcopy(tiny_model).to(torch.bfloat16)
     layers = lowrank.select_layers(model, None, rank)
     layer = layers[0]
-    pop = lowrank.Population(layers, SEEDS, SIGNS, SIGMA, rank)
+    pop = lowrank.Population(layers, SEEDS, SIGNS, sigma, rank)
+    assert all(t.dtype == torch.float32 for t in pop.B + pop.At)  # drawn as the update draws them
     x = torch.randn(len(SEEDS), 5, layer.d_in, generator=torch.Generator().manual_seed(1)).to(torch.bfloat16)
+    w = layer.weight.float()
     with torch.no_grad():
-        base = layer.module(x)
+        base = layer.module(x).float()
         with pop.applied():
-            out = layer.module(x)
-        term = torch.bmm(torch.bmm(x.float(), pop.B[0]), pop.At[0])
-        assert torch.equal(out, (base.float() + term).to(torch.bfloat16))
-        intended = torch.stack([sign * SIGMA * x[n].float() @ lowrank.explicit_perturbation(layer, 0, seed, rank).T
-                                for n, (seed, sign) in enumerate(zip(SEEDS, SIGNS))])
-        realised = out.float() - base.float()
-        corr = torch.corrcoef(torch.stack([realised.flatten(), intended.flatten()]))[0, 1]
-        assert corr > 0.999, corr  # measured 0.99999 (sigma 0.05): only the output's own rounding remains
+            realised = layer.module(x).float() - base
+        explicit = [sign * sigma * lowrank.explicit_perturbation(layer, 0, seed, rank)
+                    for seed, sign in zip(SEEDS, SIGNS)]
+        intended = torch.stack([x[n].float() @ e.T for n, e in enumerate(explicit)])
+        cast = torch.stack([x[n] @ (w + e).to(torch.bfloat16).T for n, e in enumerate(explicit)]).float() - base
+
+    def corr(a, b):
+        return float(torch.corrcoef(torch.stack([a.flatten(), b.flatten()]))[0, 1])
+
+    assert corr(realised, intended) > 0.98, corr(realised, intended)  # measured 0.991 (rank 1) / 0.986 (rank 8)
+    assert abs(float(realised.norm() / intended.norm()) - 1) < 0.03  # measured 1.000 / 1.016
+    assert corr(cast, intended) < corr(realised, intended)  # measured 0.974 / 0.959
 
 
 def test_update_equals_explicit_formula(tiny_model):

@@ -38,7 +38,7 @@ class LowRankHooks:
                                     "compiled graphs): pass --vllm-eager true")
         self.engine = engine
         self.population = lowrank.Population(members.layers, members.seeds, members.signs, members.sigma,
-                                             members.rank)  # fp32 factors: terms added in one rounding
+                                             members.rank)
         self.rank = members.rank
         self.token_members: torch.Tensor | None = None  # member of each token of the current forward pass
 
@@ -97,19 +97,19 @@ class LowRankHooks:
         return members_of_tokens
 
     def _noise_hook(self, parts: list[tuple[int, slice]]):
-        pop, R = self.population, self.rank
-        B = torch.cat([pop.B[i] for i, _ in parts], dim=2)  # (members, d_in, R * parts): one product for all parts
-        At = [(pop.At[i], out) for i, out in parts]  # (members, R, d_out of the part)
+        (Bs, Ats), R = self.population.in_dtype(self.engine.dtype), self.rank  # the engine's compute dtype
+        B = torch.cat([Bs[i] for i, _ in parts], dim=2)  # (members, d_in, R * parts): one product for all parts
+        At = [(Ats[i], out) for i, out in parts]  # (members, R, d_out of the part)
 
         def add_noise(module, args, output):
             members = self.token_members
             if members is None:
                 return output
             out = output[0] if isinstance(output, tuple) else output
-            x = args[0].reshape(-1, B.shape[1]).float()
-            xb = torch.einsum("ti,tik->tk", x, B[members])  # (tokens, R * parts), fp32
+            x = args[0].reshape(-1, B.shape[1]).to(B.dtype)
+            xb = torch.einsum("ti,tik->tk", x, B[members])  # (tokens, R * parts)
             for j, (a, cols) in enumerate(At):
-                out[:, cols] += torch.einsum("tr,tro->to", xb[:, j * R:(j + 1) * R], a[members])  # one rounding
+                out[:, cols] += torch.einsum("tr,tro->to", xb[:, j * R:(j + 1) * R], a[members]).to(out.dtype)
             return output
 
         return add_noise

@@ -140,15 +140,17 @@ class Population:
     """The factors of some population members, ready to be added to a batched forward pass.
 
     ``seeds[k]`` and ``signs[k]`` describe the k-th member of a call; rows of the call are
-    member-major, ``rows_per_member`` each. Factors are fp32, whatever the model computes in, with
-    the sign and ``sigma / sqrt(R)`` folded into A:
+    member-major, ``rows_per_member`` each. Factors are drawn in fp32 (the ones the update adds to
+    the fp32 masters), with the sign and ``sigma / sqrt(R)`` folded into A:
 
         B[i]  (members, d_in, R)       At[i]  (members, R, d_out)
 
-    The member's term ``s sigma (x B) A^T`` is computed in fp32 and added to the layer's output in
-    one rounding: in a bf16 model the perturbation is never rounded on its own (a term of ~3% of
-    the output would lose ~1/30 of its bits per bf16 rounding), and the factors are exactly the ones
-    the update adds to the fp32 masters."""
+    The member's term ``s sigma (x B) A^T`` is added to the layer's output, never folded into a
+    weight: in a bf16 model it is computed from bf16 copies of the factors (``in_dtype``) with fp32
+    accumulation and added in the output's own rounding (``out + xb * A`` rounded once), so it
+    keeps its size to bf16's relative precision (~0.4%), where a bf16 weight plus a perturbation of
+    a few % of it would round most of the perturbation away (``benchmarks.perturbation_cast``).
+    Same-dtype products: mixed fp32/bf16 element-wise kernels ran 25x slower on CPU."""
 
     def __init__(self, layers: Sequence[Layer], seeds: Sequence[int], signs: Sequence[float], sigma: float,
                  rank: int):
@@ -160,41 +162,46 @@ class Population:
             drawn = {s: factors(layer, i, s, rank) for s in dict.fromkeys(seeds)}  # mirrored pairs: once
             self.B.append(torch.stack([drawn[s][1] for s in seeds]))
             self.At.append(torch.stack([(sign * scale) * drawn[s][0].T for s, sign in zip(seeds, signs)]))
+        self._cast: dict[torch.dtype, tuple[list[torch.Tensor], list[torch.Tensor]]] = {torch.float32: (self.B, self.At)}
+
+    def in_dtype(self, dtype: torch.dtype) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """(B, At) in ``dtype``, the dtype the model computes in (cast once, then kept)."""
+        if dtype not in self._cast:
+            self._cast[dtype] = ([b.to(dtype) for b in self.B], [a.to(dtype) for a in self.At])
+        return self._cast[dtype]
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.B + self.At)
 
     def _hook(self, index: int):
-        layer, B, At, n = self.layers[index], self.B[index], self.At[index], self.members
-        rank = B.shape[-1]
+        layer, n = self.layers[index], self.members
+        rank = self.B[index].shape[-1]
         # On CPU, bmm with R columns is a poor GEMM shape: for small R, R broadcast multiply-sums
         # are 3-5x faster (measured for SmolLM2's layer shapes at 16 and 160 rows).
-        by_columns = B.device.type == "cpu" and rank <= ELEMENTWISE_MAX_RANK
-        Bt = B.transpose(1, 2).contiguous() if by_columns else None  # (members, R, d_in)
+        by_columns = self.B[index].device.type == "cpu" and rank <= ELEMENTWISE_MAX_RANK
 
         def add_noise(module, args, output):
             x = args[0]
             if x.numel() % (n * layer.d_in):
                 raise RuntimeError(f"low-rank noise: layer {layer.name} got input {tuple(x.shape)}, not "
                                    f"{n} members x equal rows (rows must be member-major, same count each)")
-            xs = x.reshape(n, -1, layer.d_in)  # (n, rows*T, d_in), in the model's compute dtype
+            Bs, Ats = self.in_dtype(output.dtype)  # the output's dtype: the weights' or autocast's
+            B, At = Bs[index], Ats[index]
+            xs = x.reshape(n, -1, layer.d_in).to(B.dtype)  # (n, rows*T, d_in)
             out = output.view(n, -1, layer.d_out)
-            in_place = not output.requires_grad  # no output-sized temporary; fp32 terms, one rounding
+            in_place = not output.requires_grad  # no output-sized temporary
             if by_columns:
                 for r in range(rank):
-                    xb = (xs * Bt[:, r:r + 1]).sum(-1, keepdim=True)  # (n, rows*T, 1), fp32
+                    xb = (xs * B[:, None, :, r]).sum(-1, keepdim=True)  # (n, rows*T, 1)
                     if in_place:
                         out.addcmul_(xb, At[:, r:r + 1])
                     else:
-                        out = (out + xb * At[:, r:r + 1]).to(output.dtype)
+                        out = out + xb * At[:, r:r + 1]
                 return output if in_place else out.view_as(output)
-            xb = torch.bmm(xs.float(), B)  # (n, rows*T, R), fp32
+            xb = torch.bmm(xs, B)  # (n, rows*T, R)
             if not in_place:
-                return (out + torch.bmm(xb, At)).to(output.dtype).view_as(output)
-            if out.dtype == torch.float32:
-                out.baddbmm_(xb, At)
-            else:
-                out.add_(torch.bmm(xb, At))  # baddbmm_ takes one dtype: the fp32 term, then one rounding
+                return (out + torch.bmm(xb, At)).view_as(output)
+            out.baddbmm_(xb, At)
             return output
 
         return add_noise

@@ -152,7 +152,7 @@ class NativeEngine(ModelWeightsEngine):
             with self.written_into_weights(p):
                 yield None
         elif isinstance(p, LowRankMembers):
-            yield RowNoise(p, self.decoder.layers)
+            yield RowNoise(p, self.decoder.layers, self.compute_dtype)
         else:
             raise TypeError(f"unknown perturbation {type(p).__name__}")
 

@@ -1,8 +1,8 @@
 """Low-rank members inside the native decoder, with per-row factors.
 
 Member k perturbs a weight W by ``sign_k * sigma * A_k B_k^T / sqrt(R)`` (``trainers/noise/lowrank.py``,
-whose ``Population`` draws the factors, so every engine sees the same members; fp32 factors and
-terms, added to a bf16 output in one rounding). The decoder asks
+whose ``Population`` draws the factors, so every engine sees the same members; in a bf16 model
+the factors' bf16 copies, the term added in the output's own rounding). The decoder asks
 ``add(layer, group, x, outs)`` after each group of products that share an input x (q/k/v,
 o, gate/up, down) and every live row gets its own member's correction
 
@@ -37,8 +37,9 @@ class _Group:
 class RowNoise:
     """The factors of ``LowRankMembers`` on a decoder's layers, ready to be added per row."""
 
-    def __init__(self, members, decoder_layers):
+    def __init__(self, members, decoder_layers, dtype: torch.dtype):
         pop = Population(members.layers, members.seeds, members.signs, members.sigma, members.rank)
+        B, At = pop.in_dtype(dtype)  # the dtype the decoder computes in
         by_module = {id(layer.module): i for i, layer in enumerate(pop.layers)}
         self.groups: dict[tuple[int, str], _Group] = {}
         for li, block in enumerate(decoder_layers):
@@ -46,8 +47,8 @@ class RowNoise:
                 index = [by_module.get(id(block.get_submodule(name))) for name in names]
                 if all(i is None for i in index):
                     continue
-                Bt = torch.cat([pop.B[i].transpose(1, 2) for i in index if i is not None], dim=1).contiguous()
-                self.groups[li, key] = _Group(Bt, [None if i is None else pop.At[i] for i in index], members.rank)
+                Bt = torch.cat([B[i].transpose(1, 2) for i in index if i is not None], dim=1).contiguous()
+                self.groups[li, key] = _Group(Bt, [None if i is None else At[i] for i in index], members.rank)
         if sum(g.Bt.shape[1] for g in self.groups.values()) != members.rank * len(pop.layers):  # some layer not found
             raise ValueError("--engine native: the low-rank layers are not all q/k/v/o/gate/up/down projections of "
                              "the decoder's layers; use --engine hf")
@@ -65,17 +66,15 @@ class RowNoise:
         if g is None:
             return
         Bt = g.Bt.index_select(0, self.members)
-        xb = torch.bmm(Bt, x.float().transpose(1, 2))  # (rows, g * R, T): this layout was the fastest on CPU
+        xb = torch.bmm(Bt, x.to(Bt.dtype).transpose(1, 2))  # (rows, g * R, T): this layout was the fastest on CPU
         col, r = 0, g.rank
-        for out, a in zip(outs, g.At):  # fp32 terms added in one rounding to a bf16 output (Population)
+        for out, a in zip(outs, g.At):
             if a is None:
                 continue
             a = a.index_select(0, self.members)  # (rows, R, d_out)
             if r <= ELEMENTWISE_MAX_RANK:  # rank-1 updates: several times faster than bmm with R columns on CPU
                 for c in range(r):
                     out.addcmul_(xb[:, col + c, :, None], a[:, c:c + 1])
-            elif out.dtype == torch.float32:
-                out.baddbmm_(xb[:, col:col + r].transpose(1, 2), a)
             else:
-                out.add_(torch.bmm(xb[:, col:col + r].transpose(1, 2), a))
+                out.baddbmm_(xb[:, col:col + r].transpose(1, 2), a)
             col += r
