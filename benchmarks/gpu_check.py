@@ -10,7 +10,8 @@ Checks (each prints ``PASS`` or ``FAIL``, the measured number, and what it compa
   against hf in bf16 (reported; bf16 kernels round differently);
 - ES: full-rank and low-rank runs on every installed engine with bf16 weights and fp32 masters, and
   the masters themselves (updates below half a bf16 step reach the weights as the fp32 reference's);
-- RL: GRPO and PPO steps (bf16 compute, fp32 master weights);
+- RL: the shared-prefix log-probs and gradients against one row per response (fp32; bf16
+  reported); GRPO and PPO steps (bf16 compute, fp32 master weights);
 - FSDP2: GRPO on every visible GPU against one GPU (fp32, TF32 off; relative difference of the
   final weights).
 
@@ -130,6 +131,48 @@ def engine_checks(model, tokenizer, tokens: int) -> list[Check]:
         out.append(Check("native = hf (bf16 greedy)", False, f"{type(exc).__name__}: {exc}"))
     finally:
         model.to(torch.float32)
+    return out
+
+
+def shared_prefix_check(model, device: str) -> list[Check]:
+    """The shared-prefix layout against one row per response on this device's attention kernels:
+    log-probs and gradients in fp32 (the tests' 1e-5), and log-probs under bf16 autocast (reported)."""
+    from trainers.common.models import set_compute_dtype
+    from trainers.rl.logprobs import group, pad, token_logprobs
+
+    gen = torch.Generator().manual_seed(5)
+    ids = lambda n: torch.randint(3, model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    prompts, completions = [], []
+    for p, lengths in ((40, [30, 7, 19]), (23, [12]), (55, [1, 25, 30, 9])):  # left padding, ragged groups
+        prompt = ids(p)
+        prompts += [prompt] * len(lengths)
+        completions += [ids(n) for n in lengths]
+    rows, grouped = pad(prompts, completions, 0, device), group(prompts, completions, 0, device)
+    mask = rows.mask.bool()
+    out = []
+    try:
+        results = []
+        for batch in (rows, grouped):
+            model.zero_grad(set_to_none=True)
+            logp = token_logprobs(model, batch)
+            (logp * batch.mask[:, :logp.shape[1]]).sum().backward()
+            results.append((logp.detach()[:, :mask.shape[1]][mask], {n: p.grad.clone() for n, p in model.named_parameters()}))
+        (a, ga), (b, gb) = results
+        lp = float((a - b).abs().max() / a.abs().max())
+        grad = max(float((ga[n] - gb[n]).norm() / ga[n].norm().clamp(min=1e-12)) for n in ga)  # per tensor
+        out.append(Check("shared prefix = one row per response (fp32)", lp < 1e-5 and grad < 1e-5,
+                         f"log-probs {lp:.1e}, gradients {grad:.1e} (relative, at most 1e-5)"))
+        set_compute_dtype(model, torch.bfloat16)
+        with torch.no_grad():
+            diff = float((token_logprobs(model, rows)[mask] - token_logprobs(model, grouped)[:, :mask.shape[1]][mask])
+                         .abs().max())
+        out.append(Check("shared prefix = one row per response (bf16 autocast)", diff < 0.1,
+                         f"largest log-prob difference {diff:.3f} nats (reported; bf16 rounds each layout its own way)"))
+    except Exception as exc:  # a check that cannot run fails, saying why
+        out.append(Check("shared prefix", False, f"{type(exc).__name__}: {exc}"))
+    finally:
+        set_compute_dtype(model, None)
+        model.zero_grad(set_to_none=True)
     return out
 
 
@@ -266,7 +309,7 @@ def speed_rows(model, tokenizer, model_dir: Path, work: Path, device: str, gpus:
         run = work / f"speed-grpo-{k}"
         ok, error = run_trainer(["trainers.grpo", *base, "--steps", "2", "--batch-size", str(8 * k), "--group-size",
                                  "8", "--engine", "native", "--out", str(run)], work / f"{run.name}.log", processes=k)
-        lines.append(f"| GRPO step, {8 * k} prompts x 8 | native | {k} | "
+        lines.append(f"| GRPO step, {min(8 * k, 2)} prompts x 8 (Conciseness-v0's 2 training prompts) | native | {k} | "
                      f"{f'{unit_seconds(run):.1f} s' if ok else 'failed: ' + error[:80]} |")
     return lines
 
@@ -316,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
 
     model, tokenizer = build_model(args.arch, args.check_layers, args.device, torch.float32)
     say(engine_checks(model, tokenizer, args.tokens))
+    say(shared_prefix_check(model, args.device))
     say([masters_check(args.device)])
     small = work / "model-small"
     save_model(model, tokenizer, small)

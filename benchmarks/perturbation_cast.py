@@ -18,7 +18,6 @@ Low-rank members are unaffected: their term is added in fp32 (``lowrank.Populati
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from collections import defaultdict
@@ -26,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.common.config import Parser
 from trainers.common.hardware import machine_line
 from trainers.common.models import DEFAULT_MODEL, load_model
 from trainers.noise import fullrank
@@ -70,7 +70,7 @@ def by_kind(rows: dict[str, dict[str, float]]) -> dict[str, dict[str, float]]:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--random-init", default=None, help="an architecture of configs/arch (random weights)")
     parser.add_argument("--sigma", type=float, default=1e-3, help="the paper's sigma (default 1e-3)")

@@ -14,7 +14,6 @@ and whether it has bf16 matrix units (AMX, AVX512-BF16): without them bf16 is em
 
 from __future__ import annotations
 
-import argparse
 import copy
 import contextlib
 import json
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from trainers.common.config import Parser
 from trainers.common.hardware import machine_line
 from trainers.common.models import DEFAULT_MODEL, load_model, resolve_device
 
@@ -126,7 +126,7 @@ def model_rows(model, device: torch.device, repeat: int) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--model", default=DEFAULT_MODEL)
     parser.add_argument("--random-init", default=None, choices=sorted(p.stem for p in ARCH_DIR.glob("*.json")),
                         help="an architecture of configs/arch with random weights instead of --model")
