@@ -61,7 +61,7 @@ def relative_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) 
 
 
 def log_of(run: Path) -> list[dict]:
-    return [{k: v for k, v in json.loads(line).items() if k != "seconds"}
+    return [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}
             for line in (run / "log.jsonl").read_text().splitlines()]
 
 

@@ -13,9 +13,10 @@ or more: consecutive rows with the same prompt ids). Two forward passes instead 
 
 1. the K distinct prompts, left-padded ``[K, P]``, with the key/value cache; their last position's
    logits predict every response's first token;
-2. all B completions ``[B, T]`` at once, each on its prompt's keys and values (the cache rows picked
-   by ``index_select``, whose backward sums the G responses' gradients into the one prompt pass),
-   positions continuing the prompt's.
+2. the B completions, each on its prompt's keys and values (the cache rows picked by
+   ``index_select``, whose backward sums the G responses' gradients into the one prompt pass),
+   positions continuing the prompt's; in ``LENGTH_BUCKETS`` calls of rows sorted by length, each
+   padded only to its own longest.
 
 A group of G responses then costs P + G T tokens of forward and backward instead of G (P + T): on
 rg/ tasks (122 prompt tokens, <= 64 completion tokens, G = 8) 634 instead of 1,488. It runs on any
@@ -29,6 +30,7 @@ token's logit minus a logsumexp, a few rows at a time, recomputed in the backwar
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +41,9 @@ from trainers.common.models import compute_context
 
 #: Rows of logits turned into log-probs at a time (SmolLM2: 4 x 64 x 49,152 fp32 = 50 MB).
 LOGSOFTMAX_ROWS = 4
+#: Pass 2's calls per batch: the completions sorted by length, in this many equal parts, each padded
+#: to its own longest. A fixed count, so every process of an FSDP run makes as many forward passes.
+LENGTH_BUCKETS = 2
 
 
 @dataclass
@@ -186,34 +191,64 @@ def _prompt_pass(model, batch: Grouped, **kwargs):
                  **kwargs)
 
 
-def _completion_pass(model, batch: Grouped, cache, **kwargs):
-    """Pass 2: every completion on its prompt's keys and values (``cache`` rows picked per row)."""
+def _cache_rows(cache, rows: torch.Tensor):
+    """A copy of the prompts' ``cache`` holding the rows ``rows`` of every layer (``index_select``:
+    its backward adds each completion's gradient to its prompt's); ``cache`` itself is unchanged."""
     if not getattr(cache, "layers", None) or any(getattr(layer, "keys", None) is None for layer in cache.layers):
         raise RuntimeError("the shared prefix needs the model to return its key/value cache as transformers' Cache "
                            "(per-layer keys and values; transformers >= 4.56, no activation checkpointing): use "
                            "--shared-prefix off")
-    for layer in cache.layers:  # index_select: its backward adds each row's gradient to its prompt's
-        layer.keys = layer.keys.index_select(0, batch.group)
-        layer.values = layer.values.index_select(0, batch.group)
-    ids = batch.completion_ids[:, :-1]  # the last token predicts nothing we score
-    attention = torch.cat([batch.prompt_mask[batch.group], batch.mask[:, :-1].long()], dim=1)
-    positions = batch.prompt_lengths[batch.group, None] + torch.arange(ids.shape[1], device=ids.device)
-    return model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=cache,
-                 use_cache=True, **kwargs)
+    picked = copy.copy(cache)
+    picked.layers = []
+    for layer in cache.layers:
+        own = copy.copy(layer)
+        own.keys, own.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        picked.layers.append(own)
+    return picked
+
+
+def buckets(batch: Grouped) -> list[torch.Tensor]:
+    """The rows of pass 2's calls: sorted by completion length and cut into ``LENGTH_BUCKETS`` equal
+    parts, each padded only to its own longest (completions that stop early cost less)."""
+    order = torch.argsort(batch.mask.sum(1), stable=True)
+    return list(torch.tensor_split(order, min(LENGTH_BUCKETS, len(order))))
+
+
+def _completion_pass(model, batch: Grouped, cache, rows: torch.Tensor, **kwargs):
+    """Pass 2 for the completions ``rows``, each on its prompt's keys and values; (output, width):
+    the rows' completions are cut to ``width`` columns, their longest (at least 2)."""
+    width = max(2, int(batch.mask[rows].sum(1).max()))
+    groups = batch.group[rows]
+    ids = batch.completion_ids[rows, :width - 1]  # the last token predicts nothing we score
+    attention = torch.cat([batch.prompt_mask[groups], batch.mask[rows, :width - 1].long()], dim=1)
+    positions = batch.prompt_lengths[groups, None] + torch.arange(width - 1, device=ids.device)
+    out = model(input_ids=ids, attention_mask=attention, position_ids=positions, past_key_values=_cache_rows(cache, groups),
+                use_cache=True, **kwargs)
+    return out, width
+
+
+def _in_row_order(parts: list[torch.Tensor], rows: list[torch.Tensor], width: int) -> torch.Tensor:
+    """The bucket outputs ``parts`` (each ``[b, w, ...]``) padded to ``width`` columns and put back in
+    the batch's row order."""
+    padded = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1])) for p in parts]
+    return torch.cat(padded).index_select(0, torch.argsort(torch.cat(rows)))
 
 
 def _grouped_logprobs(model, batch: Grouped, temperature: float, hidden: bool):
-    first_ids = batch.completion_ids[:, :1]
+    T, parts = batch.width, buckets(batch)
     with compute_context(model):
         prompts = _prompt_pass(model, batch, logits_to_keep=1, output_hidden_states=hidden)
-        logp = [selective_logprobs(prompts.logits[batch.group], first_ids, temperature)]
-        states = [prompts.hidden_states[-1][batch.group, -1:]] if hidden else []
-        rest = _completion_pass(model, batch, prompts.past_key_values, output_hidden_states=hidden)
-        logp.append(selective_logprobs(rest.logits, batch.completion_ids[:, 1:], temperature))
-        if hidden:
-            states.append(rest.hidden_states[-1])
-    logp = torch.cat(logp, dim=1)
-    return (logp, torch.cat(states, dim=1)) if hidden else logp
+        first = selective_logprobs(prompts.logits[batch.group], batch.completion_ids[:, :1], temperature)
+        rest, states = [], []
+        for rows in parts:
+            out, width = _completion_pass(model, batch, prompts.past_key_values, rows, output_hidden_states=hidden)
+            rest.append(selective_logprobs(out.logits, batch.completion_ids[rows, 1:width], temperature))
+            if hidden:
+                states.append(out.hidden_states[-1])
+    logp = torch.cat([first, _in_row_order(rest, parts, T - 1)], dim=1)
+    if not hidden:
+        return logp
+    return logp, torch.cat([prompts.hidden_states[-1][batch.group, -1:], _in_row_order(states, parts, T - 1)], dim=1)
 
 
 def completion_states(trunk, batch: Padded | Grouped):
@@ -222,9 +257,10 @@ def completion_states(trunk, batch: Padded | Grouped):
     same positions as ``token_logprobs(..., hidden=True)``)."""
     with compute_context(trunk):
         if isinstance(batch, Grouped):
-            prompts = _prompt_pass(trunk, batch)
-            rest = _completion_pass(trunk, batch, prompts.past_key_values)
-            return torch.cat([prompts.last_hidden_state[batch.group, -1:], rest.last_hidden_state], dim=1)
+            prompts, parts = _prompt_pass(trunk, batch), buckets(batch)
+            rest = [_completion_pass(trunk, batch, prompts.past_key_values, rows)[0].last_hidden_state for rows in parts]
+            return torch.cat([prompts.last_hidden_state[batch.group, -1:], _in_row_order(rest, parts, batch.width - 1)],
+                             dim=1)
         T, P = batch.width, batch.prompt_width
         out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                     use_cache=False)

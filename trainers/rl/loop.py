@@ -76,6 +76,8 @@ class RLConfig(TrainConfig):
         check(self.micro_batch_tokens is None or self.micro_batch_tokens >= 1, "micro_batch_tokens", "must be >= 1")
         check(self.micro_batch_tokens is None or self.grad_accum == 1, "micro_batch_tokens",
               "give --grad-accum K or --micro-batch-tokens N, not both")
+        check(not (self.shared_prefix == "on" and self.group_size < 2), "shared_prefix",
+              "'on' needs --group-size >= 2 (responses that share a prompt)")
         check(not (self.shared_prefix == "on" and self.gradient_checkpointing), "shared_prefix",
               "'on' does not work with --gradient-checkpointing (transformers drops the key/value cache the shared "
               "prefix reads); use --shared-prefix off, or leave checkpointing off")
@@ -219,13 +221,17 @@ def train(cfg: RLConfig, algorithm) -> Path:
                 step -= 1
                 break
             # this rank's prompts; each response's seed from (seed, step, prompt, sample) alone
+            sampled = time.perf_counter()
             samples = sample(engine, scorer, prompts[share], cfg.group_size, cfg.max_new_tokens, cfg.gen_batch_size,
                              cfg.temperature, response_seeds(cfg.seed, step, range(len(prompts))[share], cfg.group_size),
                              progress=ranks.is_main and f"step {step}: sampling",
                              on_progress=clock and clock.generation)
+            sampling = time.perf_counter() - sampled
             responses, tokens = ranks.sum([len(samples), samples.num_tokens])
             budget.add(int(responses), int(tokens))
             buffer, used = algo.prepare(samples), 0
+        else:
+            sampling = 0.0
         stats = algo.update(buffer, optimizer)
         ranks.sync_engine(engine, model, dtype)  # the next rollouts and evaluations see this step
         used += 1
@@ -234,7 +240,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
         record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
                   "reward_min": float(r.min()), "reward_max": float(r.max()),
                   "accuracy": float(correct / n), "response_length": float(tokens / n), **stats,
-                  "seconds": time.perf_counter() - start, "samples": budget.samples, "tokens": budget.tokens}
+                  "seconds": time.perf_counter() - start, "sampling_seconds": sampling, "samples": budget.samples,
+                  "tokens": budget.tokens}
         run.log(record, step)
         if clock:
             clock.trained(record["seconds"], 1.0, "step")
