@@ -44,6 +44,7 @@ import functools
 import json
 import math
 import shutil
+import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -76,7 +77,7 @@ LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "es_sample
 AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "grad_accum", *(name for name in ENGINE_FIELDS if name != "engine"))
+INVOCATION = ("device", "grad_accum", "commit", *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
 @dataclass
@@ -128,6 +129,10 @@ class StudyConfig(EngineOptions):
                 "CPU with bf16 matrix units, fp32 elsewhere), fp32 or bf16; one study never mixes dtypes",
         "choices": DTYPE_CHOICES})
     keep_weights: bool = field(default=False, metadata={"help": "keep every run's final model (default: deleted once measured)"})
+    commit: bool = field(default=False, metadata={"help": "git-commit each finished run's record, the base model's "
+                                                          "summaries and the report as they are written (for a study "
+                                                          "under docs/ that runs over several sittings: a fresh clone "
+                                                          "resumes where the commits stop)"})
     unequal_budgets: bool = field(default=False, metadata={"help": "accept methods whose actual training responses "
                                                                    "(whole steps within --max-samples) differ by more "
                                                                    "than one step of the method with the smallest step"})
@@ -430,6 +435,8 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
         bar.update(1)
     record["wall_seconds"] = time.perf_counter() - start
     record_file.write_text(json.dumps(record, indent=1) + "\n")
+    if cfg.commit:
+        commit([record_file], f"study {run.path.parents[3].name}: {run.label} {run.setting} seed={run.seed} done")
     if not cfg.keep_weights:  # the numbers are on disk; a 7B model per run is not
         for sub in ("final", "checkpoints"):
             shutil.rmtree(run.path / sub, ignore_errors=True)
@@ -545,6 +552,9 @@ def study(cfg: StudyConfig) -> Path:
         bar.set_postfix_str(f"base model: eval {name}")
         if dist.is_main:
             base[name] = brief(measure(cfg, cfg.model, ORIGINAL, out / "evals" / "base" / name, options, cache))
+            if cfg.commit:
+                commit([out / "study.json", out / "evals" / "base" / name / "summary.json"],
+                       f"study {out.name}: the base model's {name} evaluation")
         bar.update(1)
     dist.wait_for_main()
     records = []
@@ -559,6 +569,8 @@ def study(cfg: StudyConfig) -> Path:
         return out
     chosen = select(cfg, records)
     write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start)
+    if cfg.commit:
+        commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
     tqdm.write((out / "table1.md").read_text())
     tqdm.write(f"study written to {out} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
     return out
@@ -579,6 +591,23 @@ def settle_study_dtype(cfg: StudyConfig, out: Path) -> None:
             cfg.dtype = dtype_name(default_dtype(resolve_device(cfg.device)))
         except ValueError as exc:
             raise ConfigError(f"--device: {exc}") from None
+
+
+def commit(paths: list[Path], message: str) -> None:
+    """``git commit`` exactly ``paths`` (the study's small result files) with ``message``; anything
+    else staged stays staged. A failure (no repository, the index locked by another git command)
+    is reported in one line and never stops the study: the next commit picks the files up."""
+    files = [str(p) for p in paths if Path(p).is_file()]
+    if not files:
+        return
+    for attempt in range(3):
+        added = subprocess.run(["git", "add", "--", *files], capture_output=True, text=True)
+        done = added if added.returncode else subprocess.run(["git", "commit", "-q", "-m", message, "--", *files],
+                                                             capture_output=True, text=True)
+        if done.returncode == 0 or "nothing" in done.stdout + done.stderr:
+            return
+        time.sleep(2 + 3 * attempt)  # another git command holds the index: try again shortly
+    tqdm.write(f"warning: could not commit {len(files)} study files ({(done.stderr or done.stdout).strip()[:200]})")
 
 
 def _identity(cfg: StudyConfig) -> dict[str, Any]:

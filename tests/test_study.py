@@ -313,3 +313,43 @@ def test_the_default_tiny_budget_passes_the_studys_checks(tmp_path, tiny_model_d
         study.main(["--env", "Conciseness-v0", "--seeds", "2", "--max-samples", "32",
                     "--model", str(tiny_model_dir), "--out", str(out)])
     assert (out / "study.json").is_file()
+
+
+def test_commit_adds_exactly_the_result_files(tmp_path, monkeypatch):
+    """--commit: each finished run's record is committed alone; whatever else is staged stays staged."""
+    import subprocess
+
+    git = lambda *a: subprocess.run(["git", *a], cwd=tmp_path, capture_output=True, text=True, check=True).stdout  # noqa: E731
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (tmp_path / "other.txt").write_text("staged, not the study's")
+    git("add", "other.txt")
+    record = tmp_path / "runs" / "grpo" / "s" / "seed=0" / "study_record.json"
+    record.parent.mkdir(parents=True)
+    record.write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    study.commit([record, tmp_path / "missing.json"], "study x: GRPO s seed=0 done")
+    assert git("log", "--format=%s") == "study x: GRPO s seed=0 done\n"
+    assert git("show", "--name-only", "--format=").split() == ["runs/grpo/s/seed=0/study_record.json"]
+    assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
+    study.commit([record], "again")  # nothing changed: no commit, no error
+    assert len(git("log", "--format=%s").splitlines()) == 1
+
+
+def test_the_study_settles_its_dtype_and_refuses_another(tmp_path, tiny_model_dir, kill_on_call, capsys):
+    """--dtype auto becomes the machine's default (fp32 here: the tests simulate a CPU without bf16
+    units), is passed to every run, and a resumed study may not change it."""
+    out = tmp_path / "study"
+    with kill_on_call(study, "measure", 1):
+        study.main(tiny_argv(out, tiny_model_dir))
+    assert json.loads((out / "study.json").read_text())["dtype"] == "fp32"
+    cfg = study.StudyConfig(env="Conciseness-v0", seeds=1, dtype="fp32")
+    cfg.validate()
+    for run in study.plan(cfg, tmp_path):
+        argv = study.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
+        assert argv[argv.index("--dtype") + 1] == "fp32", run.method
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        study.main([*tiny_argv(out, tiny_model_dir), "--dtype", "bf16"])
+    assert "holds a study with other options (dtype)" in capsys.readouterr().err
