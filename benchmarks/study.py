@@ -378,6 +378,23 @@ def training_runtime(run: Run) -> list[str]:
     return list(dict.fromkeys(f"{r['device']} {r['dtype']}" for r in read_jsonl(run.path / RUNTIME_FILE)))
 
 
+def training_machines(run: Run) -> list[dict]:
+    """The machines the run trained on (``hardware.describe``: CPU, its bf16 units, the GPU), per
+    start and resume."""
+    seen = {json.dumps(r["machine"], sort_keys=True) for r in read_jsonl(run.path / RUNTIME_FILE) if "machine" in r}
+    return [json.loads(m) for m in sorted(seen)]
+
+
+def shared_prefix_of(run: Run) -> str | None:
+    """Whether an RL run computed each group's prompt once ("on"/"off"; None for ES)."""
+    if run.method.startswith("es_") or not (run.path / "config.yaml").is_file():
+        return None
+    from trainers.rl.loop import uses_shared_prefix
+
+    cfg = trainer_of(run.method).resolve(["--resume", str(run.path)])
+    return "on" if uses_shared_prefix(cfg) else "off"
+
+
 def training_engines(run: Run) -> list[str]:
     """The engines the run generated with, per start and resume (runs recorded before: none)."""
     return list(dict.fromkeys(r["engine"] for r in read_jsonl(run.path / RUNTIME_FILE) if "engine" in r))
@@ -428,7 +445,8 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
         return None
     record = {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
               "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
-              "runtime": training_runtime(run), "engines": training_engines(run)}
+              "runtime": training_runtime(run), "engines": training_engines(run),
+              "machines": training_machines(run), "shared_prefix": shared_prefix_of(run)}
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
@@ -448,7 +466,7 @@ def brief(summary: dict[str, Any]) -> dict[str, Any]:
     """What the study keeps of a harness summary."""
     keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
             "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
-            "kl_std", "kl_estimator", "errors", "device", "dtype", "engine", "file")
+            "kl_std", "kl_estimator", "errors", "device", "dtype", "engine", "machine", "file")
     return {k: summary.get(k) for k in keys}
 
 

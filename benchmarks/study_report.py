@@ -63,7 +63,23 @@ def numerics(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
     else:
         training = kinds.pop() if kinds else "not recorded"
     text = f"device and dtype: evaluation {evaluated.pop() if evaluated else 'not recorded'}, training {training}"
-    return text + engines_note(base, records)
+    return text + engines_note(base, records) + shared_prefix_note(records) + machine_note(base, records)
+
+
+def shared_prefix_note(records: list[dict[str, Any]]) -> str:
+    """Whether the RL runs computed each group's prompt once, when recorded."""
+    used = sorted({r["shared_prefix"] for r in records if r.get("shared_prefix")})
+    return f"; RL updates with the shared prefix {'/'.join(used)}" if used else ""
+
+
+def machine_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The machines the study's times come from (CPU and its bf16 units, GPU), when recorded."""
+    from trainers.common.hardware import describe_line
+
+    summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
+    seen = [s["machine"] for s in summaries if s.get("machine")] + [m for r in records for m in r.get("machines") or []]
+    machines = list(dict.fromkeys(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in seen))
+    return f"; machine: {', '.join(machines)}" if machines else ""
 
 
 def engines_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:

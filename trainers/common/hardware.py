@@ -60,8 +60,13 @@ def describe(device: torch.device | str | None = None) -> dict:
     return out
 
 
-def machine_line(device: torch.device | str | None = None) -> str:
-    """``describe`` in one line, for logs and benchmark headers."""
-    d = describe(device)
+def describe_line(d: dict) -> str:
+    """A ``describe`` record in one line."""
     gpu = f"; GPU {d['gpu']}" if "gpu" in d else ""
-    return f"CPU {d['cpu']} (bf16 units: {d['cpu_bf16_units']}; {d['threads']} threads){gpu}"
+    threads = f"; {d['threads']} threads" if "threads" in d else ""
+    return f"CPU {d['cpu']} (bf16 units: {d['cpu_bf16_units']}{threads}){gpu}"
+
+
+def machine_line(device: torch.device | str | None = None) -> str:
+    """This machine in one line, for logs and benchmark headers."""
+    return describe_line(describe(device))
