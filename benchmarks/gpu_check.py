@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from trainers.common.config import Parser
+from trainers.common.hardware import machine_line
 from trainers.common.models import DEFAULT_MODEL, load_model, load_tokenizer, model_fingerprint, save_model
 from trainers.engines import make_engine
 from trainers.engines.options import vllm_missing
@@ -347,8 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     engines = installed_engines()
     name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-    print(f"gpu_check on {gpus} x {name}; torch {torch.__version__}; engines {', '.join(engines)}; "
-          f"model {args.arch} (random weights); work dir {work}", flush=True)
+    print(f"gpu_check on {gpus} x {name}; {machine_line(args.device)}; torch {torch.__version__}; engines "
+          f"{', '.join(engines)}; model {args.arch} (random weights); work dir {work}", flush=True)
 
     checks: list[Check] = []
 
