@@ -249,7 +249,9 @@ def headline(studies: list[Study]) -> str:
     parts = [table(studies), "",
              "Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting "
              "selected on validation; * = beats the base model's reward by more than twice its seed std.", "",
-             *study_lines(studies), "", *beats_base(studies), "", "**The paper's four claims** (rules: "
+             *study_lines(studies), "", *beats_base(studies), "", "Each study's tables (per setting, every run, "
+             "seed variance, reward against KL) are in its directory; the pilots and how the studies were sized: "
+             "[docs/study.md](docs/study.md).", "", "**The paper's four claims** (rules: "
              "`benchmarks/headline.py`; p from an exact permutation test over seeds):", "", *claims(studies)]
     return "\n".join(parts) + "\n"
 
