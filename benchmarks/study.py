@@ -59,6 +59,7 @@ from benchmarks.study_report import ORIGINAL, hacked, write_report
 from trainers.common import distributed
 from trainers.common.config import (ConfigError, build_config, check, check_engine, env_kwargs, make_env,
                                     parse_config, run_main)
+from trainers.common.files import atomic_write
 from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
 from trainers.common.splits import MIN_VALIDATION, VALIDATION
@@ -348,7 +349,7 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
                   limit=cfg.eval_limit, label=label, env_args=cfg.env_args, device=cfg.device, dtype=cfg.dtype,
                   cache=str(cache), **asdict(cfg.engine_options()), **options)
     summary = run(build_config(EvalConfig, values))[0]
-    done.write_text(json.dumps(summary, indent=1) + "\n")
+    atomic_write(done, json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -452,7 +453,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
         bar.update(1)
     record["wall_seconds"] = time.perf_counter() - start
-    record_file.write_text(json.dumps(record, indent=1) + "\n")
+    atomic_write(record_file, json.dumps(record, indent=1) + "\n")
     if cfg.commit:
         commit([record_file], f"study {run.path.parents[3].name}: {run.label} {run.setting} seed={run.seed} done")
     if not cfg.keep_weights:  # the numbers are on disk; a 7B model per run is not
@@ -542,10 +543,13 @@ def study(cfg: StudyConfig) -> Path:
     check_budgets(cfg, prompts)
     env.close()
     out = Path(dist.from_main(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
-    settle_study_dtype(cfg, out)
-    saved, identity = out / "study.json", _identity(cfg)
-    if saved.is_file():
-        previous = json.loads(saved.read_text())
+    saved = out / "study.json"
+    # process 0 reads it and every process gets its copy: another process must never read the file
+    # while process 0 writes it below
+    previous = dist.from_main(json.loads(saved.read_text()) if dist.is_main and saved.is_file() else None)
+    settle_study_dtype(cfg, previous)
+    identity = _identity(cfg)
+    if previous is not None:
         if previous != identity:
             changed = sorted(k for k in previous.keys() | identity.keys() if previous.get(k) != identity.get(k))
             raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
@@ -553,7 +557,7 @@ def study(cfg: StudyConfig) -> Path:
         check_device(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
-        saved.write_text(json.dumps(identity, indent=1) + "\n")
+        atomic_write(saved, json.dumps(identity, indent=1) + "\n")
     runs = plan(cfg, out)
     argvs = [trainer_argv(cfg, run, prompts, validation) for run in runs]
     checked = set()
@@ -594,14 +598,14 @@ def study(cfg: StudyConfig) -> Path:
     return out
 
 
-def settle_study_dtype(cfg: StudyConfig, out: Path) -> None:
+def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> None:
     """``--dtype auto`` becomes a dtype, passed to every run and evaluation: a resumed study's own
-    (study.json), else this machine's default. A study resumed with another dtype is refused (its
-    identity differs), as one on another device is: one table must not mix their numerics."""
+    (``previous``, its study.json), else this machine's default. A study resumed with another dtype
+    is refused (its identity differs), as one on another device is: one table must not mix their
+    numerics."""
     if cfg.dtype not in (None, "auto"):
         return
-    saved = out / "study.json"
-    recorded = json.loads(saved.read_text()).get("dtype") if saved.is_file() else None
+    recorded = (previous or {}).get("dtype")
     if recorded in ("fp32", "bf16"):
         cfg.dtype = recorded
     else:
