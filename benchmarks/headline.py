@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.passk import mean_std
+from benchmarks.study_report import pm
 from eval.table import reward_of
 from trainers.common.config import Parser, fail
 
@@ -92,11 +93,6 @@ def permutation_p(a: list[float], b: list[float]) -> float:
     return hits / count
 
 
-def pm(values: list[float], digits: int) -> str:
-    m, s = mean_std(values)
-    return f"{m:.{digits}f} ± {s:.{digits}f}" if len(values) > 1 else f"{m:.{digits}f}"
-
-
 def _digits(study: Study) -> int:
     return 1 if abs(study.base_reward) >= 10 else 3
 
@@ -140,6 +136,10 @@ def _best(study: Study, es: bool) -> str:
     return max(keys, key=lambda k: mean_std(study.rewards(k))[0])
 
 
+def _mean(values: list[float]) -> float:
+    return mean_std(values)[0]
+
+
 def _label(study: Study, key: str) -> str:
     return study.methods[key]["label"]
 
@@ -159,10 +159,6 @@ def claim_budget(study: Study) -> tuple[str, str]:
     return "not shown", numbers + "; RL ahead within seed noise"
 
 
-def _mean_of(values: list[float]) -> float:
-    return sum(values) / len(values)
-
-
 def claim_seeds(study: Study) -> tuple[str, str]:
     """ES varies less from seed to seed: mean seed std of test reward, ES methods against RL methods."""
     es = {k: mean_std(study.rewards(k))[1] for k in study.methods if k in ES}
@@ -170,7 +166,7 @@ def claim_seeds(study: Study) -> tuple[str, str]:
     numbers = ", ".join(f"{_label(study, k)} {v:.3f}" for k, v in {**es, **rl}.items())
     if not any(study.moved(k) for k in es):
         return "untested", f"seed std: {numbers}; no ES method moved (a model that stays the base model varies little)"
-    verdict = "held" if _mean_of(list(es.values())) < _mean_of(list(rl.values())) else "failed"
+    verdict = "held" if _mean(list(es.values())) < _mean(list(rl.values())) else "failed"
     return verdict, f"seed std: {numbers}"
 
 
@@ -182,7 +178,7 @@ def claim_settings(study: Study) -> tuple[str, str]:
         return "untested", f"spread over settings: {numbers}; no method moved"
     es = [v for k, v in spread.items() if k in ES]
     rl = [v for k, v in spread.items() if k not in ES]
-    return ("held" if _mean_of(es) < _mean_of(rl) else "failed"), f"spread over settings: {numbers}"
+    return ("held" if _mean(es) < _mean(rl) else "failed"), f"spread over settings: {numbers}"
 
 
 def claim_hacking(study: Study) -> tuple[str, str]:
@@ -192,7 +188,7 @@ def claim_hacking(study: Study) -> tuple[str, str]:
     if not base or not all("kl" in m for m in study.methods.values()):
         return "untested", "no sampled reward and KL measured"
     share = {k: m["hacked_runs"] / m["runs"] for k, m in study.methods.items()}
-    point = {k: (_mean_of(m["sampled_reward"]), _mean_of(m["kl"])) for k, m in study.methods.items()}
+    point = {k: (_mean(m["sampled_reward"]), _mean(m["kl"])) for k, m in study.methods.items()}
     numbers = "; ".join(f"{_label(study, k)}: {100 * share[k]:.0f}% of runs hacked, sampled reward "
                         f"{point[k][0]:.3f}, KL {point[k][1]:.4f}" for k in study.methods)
     es, rl = [k for k in study.methods if k in ES], [k for k in study.methods if k not in ES]

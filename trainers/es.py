@@ -462,12 +462,13 @@ def train(cfg: ESConfig) -> Path:
         f"{cfg.samples_per_prompt} per prompt")
     mode += f", {dist.world} processes" if dist.world > 1 else ""
     share = params.numel() / sum(p.numel() for p in model.parameters())
-    precision = f"{cfg.dtype}" + (" with fp32 masters" if any(m is not None for m in params.masters) else "")
+    masters = any(m is not None for m in params.masters)
+    precision = f"{cfg.dtype}" + (" with fp32 masters" if masters else "")
     say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {precision}; "
         f"{mode}), "
         f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, {decoding}, "
         f"engine {engine.name}, run dir {run.path}")
-    if not layers and cfg.sigma < BF16_FULL_RANK_SIGMA and any(m is not None for m in params.masters):
+    if not layers and cfg.sigma < BF16_FULL_RANK_SIGMA and masters:
         say(f"warning: full-rank members in {cfg.dtype} at sigma {cfg.sigma:g}: the cast to {cfg.dtype} rounds away part "
             f"of each member's perturbation (SmolLM2 at 5e-4: the realised one correlates 0.81 with the intended, "
             f"docs/es.md); --dtype fp32 keeps all of it")
