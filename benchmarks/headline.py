@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from eval.passk import mean_std
-from benchmarks.study_report import pm
+from benchmarks.study_report import numerics, pm
 from eval.table import reward_of
 from trainers.common.config import Parser, fail
 
@@ -119,7 +119,8 @@ def table(studies: list[Study]) -> str:
 
 
 def study_lines(studies: list[Study]) -> list[str]:
-    """One line per study: seeds, budget, selection, numerics and wall time."""
+    """One line per study: seeds, budget, selection, numerics (dtype, engine, shared prefix, machine)
+    and wall time."""
     out = []
     for s in studies:
         cfg, runs = s.results["config"], s.results["runs"]
@@ -127,7 +128,7 @@ def study_lines(studies: list[Study]) -> list[str]:
         settings = ", ".join(f"{m['label']} {m['setting']}" for m in s.methods.values())
         out.append(f"- **{s.env}** (`{s.path}`): {cfg['seeds']} seeds, {len(runs)} runs, {cfg['max_samples']} training "
                    f"responses per run, settings selected on the {s.results['selected_on']!r} split ({settings}); "
-                   f"**{hours:.1f} h** of training and evaluation.")
+                   f"{numerics(s.results['base'], runs)}; **{hours:.1f} h** of training and evaluation.")
     return out
 
 
@@ -244,7 +245,7 @@ def headline(studies: list[Study]) -> str:
     """The whole Markdown block."""
     parts = [table(studies), "",
              "Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting "
-             "selected on validation; * = beats the base model's reward by more than twice its seed std.", "",
+             "selected without the test split (each study's line below names the split); * = beats the base model's reward by more than twice its seed std.", "",
              *study_lines(studies), "", *beats_base(studies), "", "Each study's tables (per setting, every run, "
              "seed variance, reward against KL) are in its directory; the pilots and how the studies were sized: "
              "[docs/study.md](docs/study.md).", "", "**The paper's four claims** (rules: "

@@ -83,9 +83,14 @@ def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
     assert claim_hacking(study(moved, kl={"es_full": 0.05, "grpo": 0.001}))[0] == "failed"
 
 
-def test_the_block_names_every_method_the_base_row_and_the_wall_time(tmp_path):
+def test_the_block_names_every_method_the_base_row_the_numerics_and_the_wall_time(tmp_path):
     s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": FLAT}})
+    for r in s.results["runs"]:
+        r.update(runtime=["cpu bfloat16"], engines=["native"], shared_prefix="on" if r["method"] == "grpo" else None)
+    for summary_ in s.results["base"].values():
+        summary_.update(device="cpu", dtype="bfloat16", engine="native")
     text = headline.headline([s])
+    assert "training cpu bfloat16; engine: native; RL updates with the shared prefix on" in text
     assert "| Base model | 50.0 | 0.500 |" in text
     assert "| ES (full-rank) | 80.0 ± 0.8 | 0.800 ± 0.008 * |" in text and "| GRPO | 50.0 ± 0.0 | 0.500 ± 0.000 |" in text
     assert "**2.0 h** of training" in text and "Toy-v0: ES (full-rank) beat the base model" in text
