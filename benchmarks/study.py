@@ -429,6 +429,12 @@ def check_device(cfg: StudyConfig, out: Path) -> None:
                           f"or use another --out")
 
 
+def logged_seconds(run: Run) -> float:
+    """The training seconds ``run``'s log holds: before it resumes, what earlier invocations spent on
+    its iterations (their start-up and held-out evaluations are not logged, so not counted)."""
+    return sum(r.get("seconds", 0.0) for r in read_jsonl(run.path / "log.jsonl"))
+
+
 def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any] | None:
     """Train, validate and measure one run (each step skipped when done before); its record
     (several processes: all train, process 0 measures and returns the record, the others None)."""
@@ -438,6 +444,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
         bar.update(1 + len(evaluations(cfg)))
         return json.loads(record_file.read_text()) if dist.is_main else None
     bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: training")
+    earlier = logged_seconds(run)  # a run cut by an earlier invocation: its time counts too
     start = time.perf_counter()
     train_run(cfg, run, argv)
     bar.update(1)
@@ -452,7 +459,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
         bar.update(1)
-    record["wall_seconds"] = time.perf_counter() - start
+    record["wall_seconds"] = earlier + time.perf_counter() - start
     atomic_write(record_file, json.dumps(record, indent=1) + "\n")
     if cfg.commit:
         commit([record_file], f"study {run.path.parents[3].name}: {run.label} {run.setting} seed={run.seed} done")

@@ -104,9 +104,16 @@ def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_
             study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
     [run] = list(out.glob("runs/*/*/*"))
     assert not (run / "final").exists()  # its final evaluation is logged, but no half model is left
+    # the first invocation's iterations as if each had taken 1000 s: the run's wall time must count them
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    trained = sum(1 for r in log if "seconds" in r)
+    (run / "log.jsonl").write_text("".join(json.dumps({**r, "seconds": 1000.0} if "seconds" in r else r) + "\n"
+                                           for r in log))
     study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
     assert (out / "table1.md").is_file()
-    assert json.loads((out / "results.json").read_text())["runs"][0]["greedy"]["n"] > 0
+    record = json.loads((out / "results.json").read_text())["runs"][0]
+    assert record["greedy"]["n"] > 0
+    assert trained > 0 and 1000.0 * trained <= record["wall_seconds"] < 1000.0 * trained + 600
 
 
 def test_es_grid_over_sigma_and_alpha_and_sampled_members(tmp_path, tiny_model_dir, one_thread):
