@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from eval.passk import mean_std
 from benchmarks.study_report import numerics, pm
+from eval.passk import mean_std
 from eval.table import reward_of
 from trainers.common.config import Parser, fail
 
@@ -245,7 +245,8 @@ def headline(studies: list[Study]) -> str:
     """The whole Markdown block."""
     parts = [table(studies), "",
              "Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting "
-             "selected without the test split (each study's line below names the split); * = beats the base model's reward by more than twice its seed std.", "",
+             "selected without the test split (each study's line below names the split); * = beats the base "
+             "model's reward by more than twice its seed std.", "",
              *study_lines(studies), "", *beats_base(studies), "", "Each study's tables (per setting, every run, "
              "seed variance, reward against KL) are in its directory; the pilots and how the studies were sized: "
              "[docs/study.md](docs/study.md).", "", "**The paper's four claims** (rules: "
