@@ -156,9 +156,11 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
                 "test pass@1: sensitivity to hyperparameters (every setting's numbers are in table2.md and runs.md)."]
     (out / "table1.md").write_text(render([t1]))
 
-    # Table 2 groups by the study's settings (sigma for ES: alpha follows from it)
+    # Table 2 groups by the study's settings (for ES, alpha only where a grid of ratios makes it one)
     if cfg.kl_samples:
-        kl_records = [dict(base["kl"], hparams={})] + [dict(r["kl"], hparams=_hp(r["hparams"])) for r in records]
+        one_ratio = len(cfg.grid("alpha_ratios")) == 1
+        kl_records = [dict(base["kl"], hparams={})] + [dict(r["kl"], hparams=_hp(r["hparams"], one_ratio))
+                                                       for r in records]
         t2 = conciseness_table(kl_records)
         for t in t2:
             t.notes.insert(0, head + f"; {cfg.kl_samples} sampled response(s) per test prompt at temperature 1.")
@@ -203,7 +205,8 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
 
-def _hp(hparams: dict[str, float]) -> dict[str, float]:
-    """A setting's hyperparameters as Table 2 shows them: without the alpha that sigma implies."""
-    return {k: v for k, v in hparams.items() if k != "alpha"}
+def _hp(hparams: dict[str, float], one_ratio: bool) -> dict[str, float]:
+    """A setting's hyperparameters as Table 2 shows them: without alpha where one ratio makes sigma imply
+    it; with it where the study has several ratios (else two settings would share one row)."""
+    return {k: v for k, v in hparams.items() if k != "alpha" or not one_ratio}
 

@@ -121,7 +121,7 @@ def test_es_grid_over_sigma_and_alpha_and_sampled_members(tmp_path, tiny_model_d
     on sampled members, its budget counting every sample."""
     out = tmp_path / "study"
     study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_lowrank,es_sampled", "--alpha-ratios",
-                         "0.5,2", "--es-samples", "2", "--kl-samples", "0", "--engine", "hf"))
+                         "0.5,2", "--es-samples", "2", "--kl-samples", "1", "--engine", "hf"))
     results = json.loads((out / "results.json").read_text())
     settings = {(r["method"], r["setting"]) for r in results["runs"]}
     assert settings == {(m, s) for m in ("es_lowrank", "es_sampled") for s in ("sigma=0.01_alpha=0.005", "sigma=0.01_alpha=0.02")}
@@ -130,6 +130,9 @@ def test_es_grid_over_sigma_and_alpha_and_sampled_members(tmp_path, tiny_model_d
     assert "temperature: 1.0" in config and "samples_per_prompt: 2" in config and "alpha: 0.02" in config
     assert "ES (low-rank, sampled)" in (out / "table1.md").read_text()
     assert "; engine: hf" in (out / "table1.md").read_text()
+    table2 = (out / "table2.md").read_text()  # two alphas per sigma: two rows, not one merged over both
+    for alpha in ("alpha=0.005", "alpha=0.02"):
+        assert table2.count(f"sigma=0.01 {alpha}") == 2  # es_lowrank and es_sampled
 
 
 def test_selection_never_reads_the_test_split():
