@@ -1,6 +1,6 @@
 """Re-render a finished study: every table, figure and ``results.json`` of ``benchmarks.study``
 written again from the study's saved ``results.json``, with the current report code (no run is
-trained or measured; settings are selected again by ``benchmarks.study.select``).
+trained or measured; settings are selected again by ``benchmarks.study_record.select``).
 
     python -m benchmarks.study_rerender docs/study-conciseness
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from benchmarks.study import StudyConfig, select
+from benchmarks.study_config import StudyConfig
+from benchmarks.study_record import select
 from benchmarks.study_report import write_report
 from trainers.common.config import ConfigError, Parser, fail
 

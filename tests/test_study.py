@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks import study, study_rerender
+from benchmarks import study, study_config, study_plan, study_record, study_rerender, study_run
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 LABELS = ("ES (full-rank)", "ES (low-rank)", "GRPO", "Dr.GRPO", "PPO")
@@ -24,21 +24,21 @@ def tiny_argv(out, model_dir, *extra: str) -> list[str]:
 def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_model_dir, one_thread, kill_on_call):
     out = tmp_path / "study"
     trained = []
-    real_train = study.train_run
+    real_train = study_run.train_run
 
     def counting(cfg, run, argv):
         if not (run.path / "final").is_dir():
             trained.append((run.method, run.setting, run.seed))
         return real_train(cfg, run, argv)
 
-    study.train_run = counting
+    study_run.train_run = counting
     try:
         with kill_on_call(study, "finish_run", 6):  # killed after 5 runs: a study stopped halfway
             study.main(tiny_argv(out, tiny_model_dir))
         assert len(trained) == 5
         study.main(tiny_argv(out, tiny_model_dir))  # the same command resumes
     finally:
-        study.train_run = real_train
+        study_run.train_run = real_train
     # 2 seeds x (1 + 1 ES settings + 3 RL methods x 2 settings) = 16 runs, each trained once
     assert len(trained) == 16 and len(set(trained)) == 16
 
@@ -144,7 +144,7 @@ def test_selection_never_reads_the_test_split():
                 "greedy": {"pass@1": test}}
 
     records = [record("a", 0.9, 0.0), record("a", 0.7, 0.0), record("b", 0.5, 1.0), record("b", 0.5, 1.0)]
-    assert study.select(cfg, records)["grpo"]["setting"] == "a"  # best on validation, worse on test
+    assert study_record.select(cfg, records)["grpo"]["setting"] == "a"  # best on validation, worse on test
 
 
 def test_selection_refuses_a_missing_validation_number():
@@ -154,22 +154,22 @@ def test_selection_refuses_a_missing_validation_number():
     records = [{"method": "grpo", "setting": "a", "run": "runs/a", "validation": {"eval_pass@1": 1.0, "eval_reward": -196.0}},
                {"method": "grpo", "setting": "b", "run": "runs/b", "validation": {"eval_pass@1": None, "eval_reward": None}}]
     with pytest.raises(study.ConfigError, match="runs/b: no validation eval_reward"):
-        study.select(cfg, records)
+        study_record.select(cfg, records)
 
 
 def test_the_validation_number_is_the_final_models(tmp_path):
     """A log whose last held-out record is the base model's (iteration 0) while training reached
     iteration 2 has no validation number for the run: refused, not read as the base model's."""
-    run = study.Run("es_full", "sigma=0.001", {"sigma": 1e-3}, 0, tmp_path)
+    run = study_plan.Run("es_full", "sigma=0.001", {"sigma": 1e-3}, 0, tmp_path)
     records = [{"iteration": 0, "eval_pass@1": 1.0, "eval_reward": -196.5},
                {"iteration": 1, "reward_mean": -199.0, "samples": 16},
                {"iteration": 2, "reward_mean": -198.0, "samples": 32}]
     (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     with pytest.raises(study.ConfigError, match="no held-out evaluation of the final model .iteration 2."):
-        study.validation_result(run)
+        study_record.validation_result(run)
     with open(tmp_path / "log.jsonl", "a") as f:
         f.write(json.dumps({"iteration": 2, "eval_pass@1": 0.5, "eval_reward": -90.0}) + "\n")
-    result = study.validation_result(run)
+    result = study_record.validation_result(run)
     assert (result["eval_reward"], result["eval_pass@1"], result["samples"]) == (-90.0, 0.5, 32)
 
 
@@ -265,16 +265,16 @@ def test_grad_accum_reaches_the_rl_trainers_and_does_not_define_the_study(tmp_pa
     (the Countdown CPU preset needs 4: PPO's policy and critic on 32 rows ran out of 24 GB)."""
     cfg = study.StudyConfig(env="Conciseness-v0", seeds=1, grad_accum=4)
     cfg.validate()
-    runs = study.plan(cfg, tmp_path)
+    runs = study_plan.plan(cfg, tmp_path)
     for run in runs:
-        argv = study.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
+        argv = study_plan.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
         assert ("--grad-accum" in argv) == (not run.method.startswith("es_")), run.method
         if "--grad-accum" in argv:
             assert argv[argv.index("--grad-accum") + 1] == "4"
-            study.trainer_of(run.method).resolve(argv)  # the trainer takes it
+            study_plan.trainer_of(run.method).resolve(argv)  # the trainer takes it
     default = study.StudyConfig(env="Conciseness-v0", seeds=1)
     default.validate()
-    assert study._identity(cfg) == study._identity(default)
+    assert study_config.identity(cfg) == study_config.identity(default)
 
 
 def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
@@ -287,11 +287,11 @@ def test_an_unfinished_run_resumes_with_the_studys_memory_options(tmp_path):
     first.validate()
     again = study.StudyConfig(env="Conciseness-v0", seeds=1, grad_accum=4, device="cpu")
     again.validate()
-    for run in study.plan(first, tmp_path):
-        trainer = study.trainer_of(run.method)
-        saved = trainer.resolve(study.trainer_argv(first, run, 2, ["--eval-split", "train"]))
+    for run in study_plan.plan(first, tmp_path):
+        trainer = study_plan.trainer_of(run.method)
+        saved = trainer.resolve(study_plan.trainer_argv(first, run, 2, ["--eval-split", "train"]))
         RunDir(run.path).write_config(to_dict(saved))
-        resumed = trainer.resolve(study.resume_argv(run, study.trainer_argv(again, run, 2, ["--eval-split", "train"])))
+        resumed = trainer.resolve(study_plan.resume_argv(run, study_plan.trainer_argv(again, run, 2, ["--eval-split", "train"])))
         assert resumed.resume == str(run.path) and resumed.device == "cpu", run.method
         if not run.method.startswith("es_"):
             assert (saved.grad_accum, resumed.grad_accum) == (1, 4), run.method
@@ -312,7 +312,7 @@ def test_default_prompts_per_step_fit_the_budget(max_samples, n_train, batch_siz
     step) instead of failing on the low-rank population."""
     cfg = study.StudyConfig(env="Conciseness-v0", seeds=2, max_samples=max_samples, batch_size=batch_size)
     cfg.validate()
-    assert study.prompts_per_step(cfg, n_train) == expected
+    assert study_plan.prompts_per_step(cfg, n_train) == expected
 
 
 def test_the_default_tiny_budget_passes_the_studys_checks(tmp_path, tiny_model_dir, kill_on_call):
@@ -339,11 +339,11 @@ def test_commit_adds_exactly_the_result_files(tmp_path, monkeypatch):
     record.parent.mkdir(parents=True)
     record.write_text("{}")
     monkeypatch.chdir(tmp_path)
-    study.commit([record, tmp_path / "missing.json"], "study x: GRPO s seed=0 done")
+    study_record.commit([record, tmp_path / "missing.json"], "study x: GRPO s seed=0 done")
     assert git("log", "--format=%s") == "study x: GRPO s seed=0 done\n"
     assert git("show", "--name-only", "--format=").split() == ["runs/grpo/s/seed=0/study_record.json"]
     assert git("diff", "--cached", "--name-only").split() == ["other.txt"]
-    study.commit([record], "again")  # nothing changed: no commit, no error
+    study_record.commit([record], "again")  # nothing changed: no commit, no error
     assert len(git("log", "--format=%s").splitlines()) == 1
 
 
@@ -356,8 +356,8 @@ def test_the_study_settles_its_dtype_and_refuses_another(tmp_path, tiny_model_di
     assert json.loads((out / "study.json").read_text())["dtype"] == "fp32"
     cfg = study.StudyConfig(env="Conciseness-v0", seeds=1, dtype="fp32")
     cfg.validate()
-    for run in study.plan(cfg, tmp_path):
-        argv = study.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
+    for run in study_plan.plan(cfg, tmp_path):
+        argv = study_plan.trainer_argv(cfg, run, 2, ["--eval-split", "train"])
         assert argv[argv.index("--dtype") + 1] == "fp32", run.method
     capsys.readouterr()
     with pytest.raises(SystemExit):

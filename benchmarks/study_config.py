@@ -1,0 +1,181 @@
+"""What a study is: its options (``StudyConfig``), the methods it compares, and the settling of
+``auto`` options (engine, dtype) into the values every run and evaluation gets. A study's identity
+(``identity``) is the options that define its runs; a resumed study must keep it."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import llm_envs
+from trainers.common.config import ConfigError, check, check_engine, env_kwargs
+from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_device
+from trainers.common.splits import MIN_VALIDATION
+from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
+from trainers.engines.options import ENGINES_HELP
+
+METHODS = ("es_full", "es_lowrank", "es_sampled", "grpo", "dr_grpo", "ppo")
+#: The methods a study runs unless --methods names others (es_sampled is the optional one).
+DEFAULT_METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
+#: How tables and plots name each method.
+LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "es_sampled": "ES (low-rank, sampled)",
+          "grpo": "GRPO", "dr_grpo": "Dr.GRPO", "ppo": "PPO"}
+#: The study's default engine: native where it runs (no start-up cost, and 1.2-5x HF on this CPU),
+#: else hf; vLLM generates faster but takes ~20 s to start for each training run and evaluation.
+AUTO_ENGINE = "auto"
+#: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
+#: and passed again to an unfinished run when it resumes.
+INVOCATION = ("device", "grad_accum", "commit", *(name for name in ENGINE_FIELDS if name != "engine"))
+
+
+@dataclass
+class StudyConfig(EngineOptions):
+    engine: str = field(default=AUTO_ENGINE, metadata={
+        "help": f"generation engine of every run and evaluation: auto (native for a Llama/Qwen2 model on CPU, hf "
+                f"otherwise), {ENGINES_HELP}", "choices": [AUTO_ENGINE, *ENGINES]})
+    env: str = field(default="Conciseness-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
+    seeds: int = field(default=4, metadata={"help": "seeds per method and setting (runs use seeds 0..K-1)"})
+    max_samples: int = field(default=256, metadata={"help": "generated training responses per run, the same for "
+                                                            "every method (no run exceeds it)"})
+    model: str = field(default="smollm2-135m", metadata={"help": "base model: Hugging Face id, local directory, or smollm2-135m"})
+    out: str | None = field(default=None, metadata={"help": "study directory (default runs/study-ENV-TIME); "
+                                                            "running again with the same --out resumes"})
+    methods: str = field(default=",".join(DEFAULT_METHODS), metadata={
+        "help": f"comma-separated subset of {', '.join(METHODS)} (es_sampled: low-rank ES whose members are "
+                f"measured on --es-samples sampled responses per prompt)"})
+    sigmas: str = field(default="5e-4,1e-3", metadata={"help": "ES sigma grid, one setting each"})
+    alpha_ratios: str = field(default="0.5", metadata={"help": "ES alpha = ratio x sigma, a grid (the paper's "
+                                                                 "Conciseness: 0.5); with several, sigma x ratio"})
+    population: int = field(default=8, metadata={"help": "N of full-rank ES"})
+    lowrank_population: int = field(default=32, metadata={"help": "N of low-rank ES (one batched generation per iteration)"})
+    rank: int = field(default=1, metadata={"help": "R of low-rank ES"})
+    es_samples: int = field(default=4, metadata={"help": "es_sampled: sampled responses per prompt and member"})
+    es_temperature: float = field(default=1.0, metadata={"help": "es_sampled: members' sampling temperature"})
+    mirrored: bool = field(default=True, metadata={"help": "ES antithetic pairs"})
+    betas: str = field(default="0,1e-3", metadata={"help": "RL KL-coefficient grid (include 0: the no-KL arm)"})
+    lrs: str = field(default="1e-6,1e-5", metadata={"help": "RL learning-rate grid"})
+    group_size: int = field(default=8, metadata={"help": "RL responses per prompt (GRPO's G; PPO samples as many)"})
+    grad_accum: int = field(default=1, metadata={"help": "RL micro-batches per step (gradient accumulation): the same "
+                                                          "update in less memory"})
+    batch_size: int | None = field(default=None, metadata={"help": "training prompts per ES iteration and RL step "
+                                                                   "(default: the whole train split, at most 8, and few "
+                                                                   "enough that one step of every method fits --max-samples)"})
+    max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget of training and evaluation (default: the env's)"})
+    metric: str | None = field(default=None, metadata={"help": "validation metric a setting is selected by (default: "
+                                                                "eval_reward for Conciseness-v0, else eval_pass@1)",
+                                                        "choices": ["eval_pass@1", "eval_reward"]})
+    val_size: int | None = field(default=None, metadata={"help": "validation examples carved from train (default: 10%, "
+                                                                 f"at least {MIN_VALIDATION}, when train is large enough)"})
+    eval_split: str = field(default="test", metadata={"help": "the split the study reports"})
+    eval_limit: int | None = field(default=None, metadata={"help": "measure the first K examples of the validation and test splits"})
+    kl_samples: int | None = field(default=None, metadata={"help": "sampled responses per test prompt for reward and KL "
+                                                                   "(default: 20 for Conciseness-v0, else 1; 0: none)"})
+    env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
+    device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    dtype: str | None = field(default="auto", metadata={
+        "help": "compute dtype of every run and evaluation: auto (a resumed study's own; else bf16 on CUDA and on a "
+                "CPU with bf16 matrix units, fp32 elsewhere), fp32 or bf16; one study never mixes dtypes",
+        "choices": DTYPE_CHOICES})
+    keep_weights: bool = field(default=False, metadata={"help": "keep every run's final model (default: deleted once measured)"})
+    commit: bool = field(default=False, metadata={"help": "git-commit each finished run's record, the base model's "
+                                                          "summaries and the report as they are written (for a study "
+                                                          "under docs/ that runs over several sittings: a fresh clone "
+                                                          "resumes where the commits stop)"})
+    unequal_budgets: bool = field(default=False, metadata={"help": "accept methods whose actual training responses "
+                                                                   "(whole steps within --max-samples) differ by more "
+                                                                   "than one step of the method with the smallest step"})
+
+    def validate(self) -> None:
+        try:
+            env_id = llm_envs.registry.resolve_id(self.env)
+        except llm_envs.UnknownEnvError as exc:
+            raise ConfigError(f"--env: {exc}") from None
+        unknown = [m for m in self.method_list if m not in METHODS]
+        check(not unknown, "methods", f"unknown method(s) {', '.join(unknown)}; known: {', '.join(METHODS)}")
+        check(bool(self.method_list), "methods", "name at least one method")
+        check(self.seeds >= 1, "seeds", "must be >= 1")
+        check(self.max_samples >= 1, "max_samples", "must be >= 1")
+        for name in ("sigmas", "alpha_ratios", "betas", "lrs"):
+            values = self.grid(name)
+            check(all(math.isfinite(v) for v in values), name, "must be finite numbers")
+        check(all(s > 0 for s in self.grid("sigmas")), "sigmas", "must be > 0")
+        check(all(b >= 0 for b in self.grid("betas")), "betas", "must be >= 0")
+        check(all(lr > 0 for lr in self.grid("lrs")), "lrs", "must be > 0")
+        check(all(a > 0 for a in self.grid("alpha_ratios")), "alpha_ratios", "must be > 0")
+        check(self.es_samples >= 1, "es_samples", "must be >= 1")
+        check(self.es_temperature > 0, "es_temperature", "must be > 0 (es_sampled samples)")
+        for name in ("population", "lowrank_population"):
+            check(getattr(self, name) >= 2, name, "must be >= 2")
+            check(not self.mirrored or getattr(self, name) % 2 == 0, name, "must be even with --mirrored")
+        check(self.rank >= 1, "rank", "must be >= 1")
+        check(self.grad_accum >= 1, "grad_accum", "must be >= 1")
+        check(self.group_size >= 2, "group_size", "must be >= 2 (GRPO's advantages are relative to the group)")
+        check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
+        check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
+        check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
+        check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
+        env_kwargs(self.env_args)
+        check_engine(self)
+        resolve_engine(self)
+        if self.metric is None:
+            self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
+        if self.kl_samples is None:
+            self.kl_samples = 20 if env_id == "Conciseness-v0" else 1
+
+    @property
+    def method_list(self) -> list[str]:
+        return [m.strip() for m in self.methods.split(",") if m.strip()]
+
+    def grid(self, name: str) -> list[float]:
+        try:
+            return [float(v) for v in getattr(self, name).split(",") if v.strip()]
+        except ValueError:
+            raise ConfigError(f"--{name}: expected comma-separated numbers, got {getattr(self, name)!r}") from None
+
+
+
+def resolve_engine(cfg: StudyConfig) -> None:
+    """``--engine auto``: native for a model it runs, on CPU; hf otherwise (see ``AUTO_ENGINE``)."""
+    if cfg.engine != AUTO_ENGINE:
+        return
+    from transformers import AutoConfig
+
+    from trainers.common.models import ALIASES
+    from trainers.engines.native.model import SUPPORTED
+
+    if resolve_device(cfg.device).type != "cpu":
+        cfg.engine = "hf"
+        return
+    try:
+        model_type = "llama" if cfg.model.lower() in ALIASES else \
+            AutoConfig.from_pretrained(cfg.model, local_files_only=True).model_type
+    except (OSError, ValueError):
+        model_type = None
+    cfg.engine = "native" if model_type in SUPPORTED else "hf"
+
+
+
+def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> None:
+    """``--dtype auto`` becomes a dtype, passed to every run and evaluation: a resumed study's own
+    (``previous``, its study.json), else this machine's default. A study resumed with another dtype
+    is refused (its identity differs), as one on another device is: one table must not mix their
+    numerics."""
+    if cfg.dtype not in (None, "auto"):
+        return
+    recorded = (previous or {}).get("dtype")
+    if recorded in ("fp32", "bf16"):
+        cfg.dtype = recorded
+    else:
+        try:
+            cfg.dtype = dtype_name(default_dtype(resolve_device(cfg.device)))
+        except ValueError as exc:
+            raise ConfigError(f"--device: {exc}") from None
+
+
+
+def identity(cfg: StudyConfig) -> dict[str, Any]:
+    """The options that define a study's runs (a resumed study must not mix others in); where the runs
+    happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "unequal_budgets", *INVOCATION)}
+
