@@ -38,7 +38,8 @@ from trainers.common.hardware import describe
 from trainers.common.models import DTYPE_CHOICES, dtype_name, model_fingerprint, resolve_device, resolve_dtype
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
-from trainers.engines import ENGINES, EngineOptions, make_engine
+from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.engines.choice import choose_engine
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
 
@@ -49,9 +50,10 @@ PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperatur
 @dataclass
 class EvalConfig(EngineOptions):
     engine: str | None = field(default=None, metadata={
-        "help": f"generation engine: {ENGINES_HELP}; default: the engine a trainer run generated with (its "
-                f"runtime.jsonl), so its logged held-out numbers are reproduced; hf for any other model",
-        "choices": list(ENGINES)})
+        "help": f"generation engine: auto, {ENGINES_HELP}; default: the engine a trainer run generated with (its "
+                f"runtime.jsonl), so its logged held-out numbers are reproduced; auto for any other model (native "
+                f"for a Llama/Qwen2 model on CPU or CUDA, hf otherwise)",
+        "choices": [AUTO, *ENGINES]})
     env: str = field(default="Countdown-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     model: str = field(default="smollm2-135m", metadata={"help": "HF id, local model dir, smollm2-135m, or a trainer run dir (its final/ model)"})
     split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
@@ -97,7 +99,7 @@ class EvalConfig(EngineOptions):
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         if self.engine is None:
-            self.engine = run_engine(self.model) or "hf"
+            self.engine = run_engine(self.model) or AUTO
         if self.dtype in (None, "auto"):
             self.dtype = run_dtype(self.model) or "auto"
         check_engine(self)
@@ -138,7 +140,8 @@ class LazyModel:
     def __init__(self, path: str, device: str | None, cache: Cache, dtype: str | None = None,
                  engine: EngineOptions | None = None):
         self.path, self.cache = path, cache
-        self.engine_options = engine or EngineOptions()
+        self.engine_options = (engine or EngineOptions()).engine_options()
+        self.engine_why = f"--engine {self.engine_options.engine} (given, or the trainer run's)"
         self._engine = None
         try:
             self.device = resolve_device(device)
@@ -168,10 +171,23 @@ class LazyModel:
                 raise ConfigError(f"model {self.path!r}: {exc}") from None
         return self._loaded
 
+    @property
+    def engine_name(self) -> str:
+        """The engine that generates (part of cache keys)."""
+        return self._engine_options().engine
+
+    def _engine_options(self) -> EngineOptions:
+        """The engine options, ``auto`` resolved for this model on this device (``trainers.engines.choice``),
+        from the model's config alone where it is on disk (a fully cached evaluation loads no weights)."""
+        if self.engine_options.engine == AUTO:
+            config = self._loaded[0].config if self._loaded else _local_config(self.path)
+            self.engine_options.engine, self.engine_why = choose_engine(config or self.get()[0].config, self.device)
+        return self.engine_options
+
     def engine(self):
         """The generation engine over the loaded model (started on first use, then kept)."""
         if self._engine is None:
-            self._engine = make_engine(self.engine_options, *self.get())
+            self._engine = make_engine(self._engine_options(), *self.get())
         return self._engine
 
     def close(self) -> None:
@@ -191,6 +207,20 @@ class LazyModel:
                 if stamp:
                     self.cache.put(stamp, {"fingerprint": self._fingerprint, "path": self.path})
         return self._fingerprint
+
+
+def _local_config(path: str):
+    """The ``transformers`` config of a model on disk (the default model's converted copy, a local
+    directory, the Hugging Face cache), without its weights; None when it is not there."""
+    from transformers import AutoConfig
+
+    from trainers.common.models import ALIASES, cache_dir
+
+    directory = cache_dir() / ALIASES[path.lower()] if path.lower() in ALIASES else path
+    try:
+        return AutoConfig.from_pretrained(directory, local_files_only=True)
+    except (OSError, ValueError):
+        return None
 
 
 def _weights_stamp(path: str, dtype: str) -> str | None:
@@ -228,7 +258,7 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
                     top_p=cfg.top_p if sampling else 1.0, seed=cfg.seed if sampling else None,
                     batch_size=cfg.batch_size if sampling else None)  # sampled text depends on the batch size
     key = cache_key(kind="generate", model=model.fingerprint, runtime=model.runtime,
-                    engine=model.engine_options.engine, env=env_id, env_args=env_args,
+                    engine=model.engine_name, env=env_id, env_args=env_args,
                     split=split, data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples),
                     decoding=decoding)
     per_completion = [e for e in examples for _ in range(cfg.samples)]  # rows are prompt-major
@@ -394,7 +424,8 @@ def summary_header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,
             "kl_to": base.path if base else None, "kl_estimator": "k3" if base else None,
             "kl_temperature": cfg.temperature if base else None,  # both models' log-probs at the sampling temperature
-            "fingerprint": model.fingerprint, **model.runtime, "engine": model.engine_options.engine,
+            "fingerprint": model.fingerprint, **model.runtime, "engine": model.engine_name,
+            "engine_why": model.engine_why,
             "machine": model.machine,
             "base_fingerprint": base.fingerprint if base else None,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S")}

@@ -54,6 +54,64 @@ def assert_agree(a, b, what: str, engine: str = "vllm") -> None:
     assert rate >= AGREEMENT, f"{what}: only {rate:.0%} of rows agree"
 
 
+# ----- --engine auto (trainers/engines/choice.py) -------------------------------------------------------
+
+
+def tiny_gpt2(tokenizer):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    return GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
+
+
+def test_auto_picks_native_where_it_runs_the_model_on_cpu_or_cuda_and_hf_elsewhere(tiny_model, tiny_tokenizer):
+    from trainers.engines.choice import choose_engine
+
+    qwen2, gpt2 = build_tiny_qwen2(tiny_tokenizer), tiny_gpt2(tiny_tokenizer)
+    for device in ("cpu", "cuda"):  # the rule reads the device type only: no GPU needed to test it
+        assert choose_engine(tiny_model, device).engine == "native"
+        assert choose_engine(qwen2, device).engine == "native"
+        assert choose_engine(tiny_model.config, device).engine == "native"  # a config alone, no weights
+        assert choose_engine(gpt2, device) == ("hf", "auto: --engine native runs Llama-family and Qwen2 models "
+                                                     "(llama, qwen2); this model is 'gpt2': use --engine hf")
+    assert choose_engine(tiny_model, "mps") == ("hf", "auto: the native engine has not been run on mps")
+    assert choose_engine(tiny_model, "cpu").why.startswith("auto: native runs llama models and was measured faster")
+    windowed = copy.deepcopy(qwen2.config)
+    windowed.use_sliding_window = True
+    assert choose_engine(windowed, "cpu").engine == "hf"
+
+
+def test_every_command_defaults_to_auto_and_resolves_it_alike(tiny_model, tiny_tokenizer, tiny_model_dir):
+    from eval.harness import EvalConfig
+    from trainers import ppo
+    from trainers.engines.choice import resolve_engine
+    from trainers.engines.hf import HFEngine
+    from trainers.engines.native import NativeEngine
+
+    assert build_config(es.ESConfig, {"noise": "lowrank"}).engine == "auto"
+    assert grpo.resolve([]).engine == grpo.resolve(["--loss", "dr_grpo"]).engine == ppo.resolve([]).engine == "auto"
+    assert build_config(EvalConfig, {"model": str(tiny_model_dir)}).engine == "auto"  # not a trainer run
+    for noise in ("lowrank", "full"):  # ES: native in both noise modes (full-rank measured 1.31x in fp32)
+        assert es.engine_for(build_config(es.ESConfig, {"noise": noise}), tiny_model).engine == "native"
+    gpt2 = tiny_gpt2(tiny_tokenizer)
+    assert es.engine_for(build_config(es.ESConfig, {"noise": "lowrank"}), gpt2).engine == "hf"
+    asked = build_config(es.ESConfig, {"engine": "hf"})
+    assert es.engine_for(asked, tiny_model).engine == "hf"  # an explicit choice stands
+    assert resolve_engine(asked.engine_options(), tiny_model)[1] == "asked for (--engine hf)"
+    assert isinstance(make_engine("auto", tiny_model, tiny_tokenizer), NativeEngine)
+    assert isinstance(make_engine("auto", gpt2, tiny_tokenizer), HFEngine)
+
+
+def test_eval_records_the_engine_auto_picked_and_why(tiny_model_dir, tmp_path):
+    from eval import __main__ as cli
+
+    args = ["--env", "Conciseness-v0", "--max-new-tokens", "4", "--score-workers", "0", "--limit", "2",
+            "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
+    [auto] = cli.main(args)
+    assert auto["engine"] == "native" and auto["engine_why"].startswith("auto: native runs llama models")
+    [hf] = cli.main([*args, "--engine", "hf"])
+    assert hf["engine"] == "hf" and not hf["cached"]  # the engine is part of the generation's cache key
+
+
 # ----- options and errors (no vLLM needed) -----------------------------------------------------------
 
 

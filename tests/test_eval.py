@@ -244,6 +244,12 @@ def test_token_logprobs_ignore_padding(tiny_model, sampled):
 ARGS = ["--env", "Conciseness-v0", "--max-new-tokens", "6", "--score-workers", "0"]
 
 
+def forbid_generation(monkeypatch, boom) -> None:
+    """Every engine ``--engine auto`` may pick generates by calling ``boom``."""
+    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
+    monkeypatch.setattr("trainers.engines.native.engine.NativeEngine.generate", boom)
+
+
 def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, monkeypatch, capsys):
     args = [*ARGS, "--model", str(tiny_model_dir), "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
     [first] = cli.main(args)
@@ -255,7 +261,7 @@ def test_cached_results_are_reused_without_generating(tiny_model_dir, tmp_path, 
     def boom(*a, **k):
         raise AssertionError("generate called despite a cached result")
 
-    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
+    forbid_generation(monkeypatch, boom)
     monkeypatch.setattr("trainers.common.models.load_model", boom)  # a cached local model is not even loaded
     [second] = cli.main(args)
     assert second["cached"] and second["pass@1"] == first["pass@1"] and second["reward_mean"] == first["reward_mean"]
@@ -271,7 +277,7 @@ def test_cached_generations_are_rescored_with_the_current_reward_code(tiny_model
     def boom(*a, **k):
         raise AssertionError("generate called despite a cached result")
 
-    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
+    forbid_generation(monkeypatch, boom)
     # a reward fix: the cached texts are scored by the new code, without generating again
     env_class = llm_envs.registry.env_class("Conciseness-v0")
     monkeypatch.setattr(env_class, "score_completion", lambda self, text, example: Score(-len(text) - 0.5, False))
@@ -293,7 +299,7 @@ def test_another_dtype_misses_the_cache(tiny_model_dir, tmp_path, monkeypatch):
     def boom(*a, **k):
         raise AssertionError("generate called")
 
-    monkeypatch.setattr("trainers.engines.hf.HFEngine.generate", boom)
+    forbid_generation(monkeypatch, boom)
     assert cli.main([*args, "--dtype", "fp32"])[0]["cached"]  # the same dtype, spelled out: a hit
     with pytest.raises(AssertionError, match="generate called"):
         cli.main([*args, "--dtype", "bf16"])

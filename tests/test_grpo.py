@@ -248,6 +248,8 @@ def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
     assert {r["iteration"] for r in log if "eval_pass@1" in r} == {0, 4, 8}
     assert {r["eval_n"] for r in log if "eval_pass@1" in r} == {4}  # Letter-v0's test split, for Table 1
     assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()
+    [runtime] = [json.loads(line) for line in (out / "runtime.jsonl").read_text().splitlines()]
+    assert runtime["engine"] == "native"  # --engine auto, the default: native runs the tiny Llama on CPU
 
 
 def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_model_dir, monkeypatch):

@@ -229,27 +229,6 @@ def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
     assert own["pass@1"] == [r for r in log_of(run) if "eval_pass@1" in r][-1]["eval_pass@1"]
 
 
-def test_es_defaults_to_the_native_engine_for_low_rank_noise_on_cpu_where_it_runs(tiny_model, tiny_tokenizer):
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    from trainers.common.config import build_config
-
-    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=len(tiny_tokenizer), n_embd=32, n_layer=1, n_head=2))
-    lowrank_cfg = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank"})
-    full_cfg = build_config(es.ESConfig, {"env": "Conciseness-v0"})
-    assert lowrank_cfg.engine == full_cfg.engine == "auto"
-    assert es.engine_for(lowrank_cfg, tiny_model).engine == "native"
-    assert es.engine_for(full_cfg, tiny_model).engine == "hf"
-    assert es.engine_for(lowrank_cfg, gpt2).engine == "hf"  # an architecture the native engine does not run
-    chosen = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank", "engine": "hf"})
-    assert es.engine_for(chosen, tiny_model).engine == "hf"  # an explicit choice stands
-    # off the CPU (a GPU; here the meta device stands in) auto stays on hf: native has not run on a GPU yet
-    elsewhere = copy.deepcopy(tiny_model).to("meta")
-    assert es.engine_for(lowrank_cfg, elsewhere).engine == "hf"
-    asked = build_config(es.ESConfig, {"env": "Conciseness-v0", "noise": "lowrank", "engine": "native"})
-    assert es.engine_for(asked, elsewhere).engine == "native"
-
-
 @pytest.mark.slow
 def test_the_default_model_agrees_with_hf(smollm2):
     model, tokenizer = smollm2

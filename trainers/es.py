@@ -285,15 +285,12 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
 
 
 def engine_for(cfg: ESConfig, model) -> EngineOptions:
-    """The engine options of a run: ``--engine auto`` is native for low-rank noise on a model the
-    native engine runs, on CPU (measured faster there, ``benchmarks/es_speed.py``), hf otherwise:
-    the native engine has not yet been run on a GPU, so it is chosen there only when asked for."""
-    options = cfg.engine_options()
-    if options.engine == AUTO:
-        on_cpu = next(model.parameters()).device.type == "cpu"
-        native = cfg.noise == "lowrank" and on_cpu and native_unsupported(model) is None
-        options.engine = "native" if native else "hf"
-    return options
+    """The engine options of a run, ``--engine auto`` resolved for ``model`` on its device the way
+    every command resolves it (``trainers.engines.choice``: native where it runs the model on CPU or
+    CUDA, in both noise modes; hf otherwise)."""
+    from trainers.engines.choice import resolve_engine
+
+    return resolve_engine(cfg.engine_options(), model)[0]
 
 
 def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:

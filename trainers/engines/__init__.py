@@ -1,7 +1,7 @@
 """Generation behind one interface (``base.Engine``), three implementations; ``generation.py``
 holds what they share (prompt encoding, stop tokens, the result type, HF ``generate``).
 
-- ``hf`` (default): Hugging Face ``generate`` on the model itself (``hf.py``).
+- ``hf``: Hugging Face ``generate`` on the model itself (``hf.py``).
 - ``native``: a decode loop made for population-batched ES over the model's own modules (Llama
   family and Qwen2; ``native/``).
 - ``vllm``: a vLLM engine in this process, fed the model's weights (``vllm_engine.py``); needs the
@@ -9,7 +9,9 @@ holds what they share (prompt encoding, stop tokens, the result type, HF ``gener
 
 Trainers, the eval harness and the benchmarks build one with ``make_engine(options, model,
 tokenizer)`` and never ask which one they hold. ``EngineOptions`` (``options.py``) holds the flags
-that choose and size it; every command that generates has them (``--engine``, ``--vllm-*``).
+that choose and size it; every command that generates has them (``--engine``, ``--vllm-*``). The
+default, ``auto``, is decided in ``choice.py`` for every command alike: native where it runs the
+model on CPU or CUDA (measured faster there), hf otherwise.
 """
 
 from __future__ import annotations
@@ -20,13 +22,16 @@ __all__ = ["AUTO", "ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailab
 
 
 def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
-    """The engine ``options`` names, generating for ``model``. ``compute_dtype``: the dtype to
-    generate in when it is not the weights' (the RL policy's fp32 weights generate in bf16 under autocast)."""
+    """The engine ``options`` names (``auto``: the one ``choice.resolve_engine`` picks for ``model``),
+    generating for ``model``. ``compute_dtype``: the dtype to generate in when it is not the
+    weights' (the RL policy's fp32 weights generate in bf16 under autocast)."""
     if isinstance(options, str):
         options = EngineOptions(engine=options)
     options.check_engine_options()
     if options.engine == AUTO:
-        raise ValueError("--engine auto is ES's choice of engine: resolve it first (trainers.es.engine_for)")
+        from trainers.engines.choice import resolve_engine
+
+        options, _ = resolve_engine(options, model)
     if options.engine == "hf":
         from trainers.engines.hf import HFEngine
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass, field, fields
 
 ENGINES = ("hf", "vllm", "native")
 
-#: ES's default engine: native for low-rank noise on a model it runs, hf otherwise (``es.engine_for``).
+#: The default engine of every command: the one measured faster for the model on its device
+#: (``choice.py``: native where it runs the model on CPU or CUDA, hf otherwise).
 AUTO = "auto"
 
 #: What ``--help`` says of the engines.
@@ -34,7 +35,9 @@ def vllm_missing() -> str | None:
 class EngineOptions:
     """Which engine generates, and the options of the vLLM engine."""
 
-    engine: str = field(default="hf", metadata={"help": f"generation engine: {ENGINES_HELP}", "choices": list(ENGINES)})
+    engine: str = field(default=AUTO, metadata={
+        "help": f"generation engine: auto (default: native for a Llama/Qwen2 model on CPU or CUDA, hf otherwise), "
+                f"{ENGINES_HELP}", "choices": [AUTO, *ENGINES]})
     vllm_gpu_memory: float | None = field(default=None, metadata={
         "help": "vLLM on CUDA: fraction of the GPU's memory the engine may take (weights + KV cache); default: "
                 "half of what is free when it starts, the rest stays with the trainer's own model"})
@@ -46,7 +49,7 @@ class EngineOptions:
     def check_engine_options(self) -> None:
         """Raise ``ValueError`` naming the flag of a bad engine option."""
         if self.engine not in ENGINES and self.engine != AUTO:
-            raise ValueError(f"--engine: {self.engine!r} is not one of {', '.join(ENGINES)}")
+            raise ValueError(f"--engine: {self.engine!r} is not one of {', '.join((AUTO, *ENGINES))}")
         if self.vllm_gpu_memory is not None and not 0 < self.vllm_gpu_memory <= 1:
             raise ValueError(f"--vllm-gpu-memory: must be in (0, 1], got {self.vllm_gpu_memory}")
         if not self.vllm_kv_cache_gb >= 1:
