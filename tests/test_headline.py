@@ -5,34 +5,41 @@ import json
 import pytest
 
 from benchmarks import headline
-from benchmarks.headline import Study, claim_budget, claim_hacking, claim_seeds, claim_settings, permutation_p
+from benchmarks.verdicts import (Study, claim_budget, claim_hacking, claim_seeds, claim_settings, deviations,
+                                 permutation_p)
 
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
           "ppo": "PPO"}
 
 
-def summary(reward: float, correct: float = 0.5, kl: float | None = None) -> dict:
+def summary(reward: float, correct: float = 0.5, kl: float | None = None, std: float = 0.0, n: int = 100) -> dict:
     return {"env": "Toy-v0", "pass@1": correct, "reward_mean": reward, "correct_rate": correct, "kl_mean": kl,
-            "parts_mean": {}}
+            "parts_mean": {}, "reward_std": std, "n": n}
+
+
+def step_of(key: str, setting: str) -> dict:
+    """The hyperparameters a setting name stands for: "lr=1e-05" -> {"lr": 1e-05} (others: none)."""
+    return {k: float(v) for k, v in (part.split("=") for part in setting.split("_") if "=" in part)}
 
 
 def study(rewards: dict[str, dict[str, list[float]]], base: float = 0.5, hacked: dict[str, int] | None = None,
-          kl: dict[str, float] | None = None) -> Study:
-    """A finished study: ``rewards[method][setting]`` = test rewards over seeds; the first setting is selected."""
+          kl: dict[str, float] | None = None, test_std: float = 0.0, n: int = 100) -> Study:
+    """A finished study: ``rewards[method][setting]`` = test rewards over seeds; the first setting is
+    selected; ``test_std``: every model's std of reward over the ``n`` test prompts."""
     runs, methods = [], {}
     for key, settings in rewards.items():
         chosen = next(iter(settings))
         for setting, values in settings.items():
             for seed, r in enumerate(values):
                 runs.append({"method": key, "label": LABELS[key], "setting": setting, "seed": seed,
-                             "greedy": summary(r, correct=r)})
+                             "hparams": step_of(key, setting), "greedy": summary(r, correct=r, std=test_std, n=n)})
         k = (kl or {}).get(key, 0.01)
         methods[key] = {"label": LABELS[key], "setting": chosen, "test_pass@1": [100 * r for r in settings[chosen]],
                         "test_reward": settings[chosen], "hacked_runs": (hacked or {}).get(key, 0),
                         "runs": sum(len(v) for v in settings.values()),
                         "sampled_reward": settings[chosen], "kl": [k] * len(settings[chosen])}
     results = {"config": {"seeds": 4, "max_samples": 512}, "selected_on": "validation", "wall_seconds_runs": 7200.0,
-               "base": {"greedy": summary(base, base), "kl": summary(base, base, kl=0.0)}, "methods": methods,
+               "base": {"greedy": summary(base, base, std=test_std, n=n), "kl": summary(base, base, kl=0.0)}, "methods": methods,
                "runs": runs}
     return Study(headline.Path("docs/study-toy"), results)
 
@@ -47,31 +54,71 @@ def test_the_permutation_test_is_exact():
 
 
 def test_nothing_moved_leaves_every_claim_untested():
-    s = study({"es_full": {"a": FLAT, "b": FLAT}, "grpo": {"x": [0.5, 0.52, 0.48, 0.5], "y": FLAT}})
+    s = study({"es_full": {"alpha=1": FLAT, "alpha=2": FLAT}, "grpo": {"lr=1": [0.5, 0.52, 0.48, 0.5], "lr=2": FLAT}})
     for rule in (claim_budget, claim_seeds, claim_settings, claim_hacking):
         verdict, numbers = rule(s)
         assert verdict == "untested", (rule, numbers)
 
 
-def test_es_ahead_holds_and_rl_far_ahead_fails():
-    es_ahead = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": [0.6, 0.7, 0.65, 0.62]}})
-    assert claim_budget(es_ahead)[0] == "held"
-    rl_ahead = study({"es_full": {"a": [0.55, 0.56, 0.54, 0.55]}, "grpo": {"x": [0.9, 0.91, 0.89, 0.9]}})
+def test_moved_needs_the_gain_beyond_the_seeds_and_the_test_sets_standard_error():
+    tight = {"es_full": {"a": [0.6, 0.61, 0.59, 0.6]}, "grpo": {"x": FLAT}}
+    assert study(tight, test_std=0.1, n=100).moved("es_full")  # gain 0.1 > 2 x 0.01
+    few_prompts = study(tight, test_std=0.5, n=8)  # 2 x 0.5 / sqrt(8) = 0.35: one prompt's worth is no gain
+    assert not few_prompts.moved("es_full") and few_prompts.test_se("es_full") == pytest.approx(0.5 / 8 ** 0.5)
+    assert not study({"es_full": {"a": [0.3, 0.9, 0.5, 0.7]}}).moved("es_full")  # gain 0.1 < 2 x seed std
+
+
+def test_the_budget_claim_is_symmetric():
+    es_ahead = study({"es_full": {"a": [0.9, 0.91, 0.89, 0.9]}, "grpo": {"x": [0.6, 0.61, 0.59, 0.6]}})
+    verdict, numbers = claim_budget(es_ahead)
+    assert verdict == "held" and "p = 0.029" in numbers
+    rl_ahead = study({"es_full": {"a": [0.6, 0.61, 0.59, 0.6]}, "grpo": {"x": [0.9, 0.91, 0.89, 0.9]}})
     verdict, numbers = claim_budget(rl_ahead)
     assert verdict == "failed" and "p = 0.029" in numbers
-    noisy = study({"es_full": {"a": [0.7, 0.71, 0.69, 0.7]}, "grpo": {"x": [0.5, 1.0, 0.6, 0.95]}})
-    assert claim_budget(noisy)[0] == "not shown"
+    # ES ahead by a margin the seeds do not support: not held (the old rule said "held" for any lead)
+    es_noisy = study({"es_full": {"a": [0.95, 0.6, 1.0, 0.7]}, "grpo": {"x": [0.7, 0.71, 0.69, 0.7]}})
+    assert claim_budget(es_noisy)[0] == "not shown"
+    rl_noisy = study({"es_full": {"a": [0.7, 0.71, 0.69, 0.7]}, "grpo": {"x": [0.6, 1.0, 0.65, 0.95]}})
+    assert claim_budget(rl_noisy)[0] == "not shown"
 
 
-def test_seed_variance_and_sensitivity_compare_es_with_rl():
-    s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8], "b": [0.78, 0.8, 0.79, 0.79]},
-               "grpo": {"x": [0.9, 0.6, 0.95, 0.7], "y": FLAT}})
-    assert claim_seeds(s)[0] == "held"
-    assert claim_settings(s)[0] == "held"
-    s = study({"es_full": {"a": [0.9, 0.8, 0.95, 0.85], "b": FLAT}, "grpo": {"x": [0.8, 0.81, 0.79, 0.8],
-                                                                          "y": [0.8, 0.8, 0.81, 0.8]}})
-    assert claim_seeds(s)[0] == "failed"
-    assert claim_settings(s)[0] == "failed"
+def test_the_seed_claim_is_pairwise_symmetric_and_one_outlier_cannot_decide_it():
+    wide, tight = [0.6, 0.9, 0.65, 0.95], [0.8, 0.81, 0.79, 0.8]
+    s = study({"es_full": {"a": tight}, "es_lowrank": {"a": [0.8, 0.8, 0.81, 0.79]}, "grpo": {"x": wide},
+               "ppo": {"x": [0.95, 0.6, 0.9, 0.7]}})
+    verdict, numbers = claim_seeds(s)
+    assert verdict == "held" and numbers.count("p = 0.029") == 4  # 2 ES x 2 RL pairs
+    assert claim_seeds(study({"es_full": {"a": wide}, "grpo": {"x": tight}}))[0] == "failed"
+    # GRPO's one collapsed seed: its mean std is far larger, but the deviations from the median say
+    # one seed, and a permutation test cannot make one value significant
+    collapsed = [0.2, 0.8, 0.81, 0.8]
+    assert deviations(collapsed) == pytest.approx([0.6, 0.0, 0.01, 0.0])
+    s = study({"es_full": {"a": [0.75, 0.8, 0.85, 0.8]}, "grpo": {"x": collapsed}})
+    verdict, numbers = claim_seeds(s)
+    assert verdict == "not shown", numbers
+    # pairs that disagree: not shown either way
+    s = study({"es_full": {"a": tight}, "grpo": {"x": wide}, "ppo": {"x": [0.9, 0.901, 0.899, 0.9]},
+               "es_lowrank": {"a": [0.6, 0.9, 0.65, 0.95]}})
+    assert claim_seeds(s)[0] == "not shown"
+
+
+def test_the_settings_claim_needs_grids_of_the_same_span_and_is_symmetric():
+    flat_es = {"alpha=0.001": [0.8, 0.81, 0.79, 0.8], "alpha=0.006": [0.8, 0.8, 0.81, 0.8]}
+    steep_rl = {"lr=1e-06": [0.8, 0.81, 0.79, 0.8], "lr=6e-06": [0.6, 0.62, 0.61, 0.6]}
+    verdict, numbers = claim_settings(study({"es_full": flat_es, "grpo": steep_rl}))
+    assert verdict == "held" and "x6" in numbers
+    steep_es = {"alpha=0.001": [0.8, 0.81, 0.79, 0.8], "alpha=0.006": [0.6, 0.62, 0.61, 0.6]}
+    flat_rl = {"lr=1e-06": [0.8, 0.81, 0.79, 0.8], "lr=6e-06": [0.8, 0.8, 0.81, 0.8]}
+    assert claim_settings(study({"es_full": steep_es, "grpo": flat_rl}))[0] == "failed"
+    # ES's alpha x6 against RL's lr x10 (the rg study): no verdict, whichever way the numbers go
+    wider_rl = {"lr=1e-06": steep_rl["lr=1e-06"], "lr=1e-05": steep_rl["lr=6e-06"]}
+    verdict, numbers = claim_settings(study({"es_full": flat_es, "grpo": wider_rl}))
+    assert verdict == "not shown, grids differ" and "x6" in numbers and "x10" in numbers
+    # a grid over beta (RL's Conciseness grid) is not a step-size grid
+    beta_grid = {"beta=0_lr=1e-05": steep_rl["lr=1e-06"], "beta=0.001_lr=1e-05": steep_rl["lr=6e-06"]}
+    assert claim_settings(study({"es_full": flat_es, "grpo": beta_grid}))[0] == "not shown, grids differ"
+    three = dict(flat_es, **{"alpha=0.0025": [0.8] * 4})
+    assert claim_settings(study({"es_full": three, "grpo": steep_rl}))[0] == "not shown, grids differ"
 
 
 def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
@@ -80,7 +127,9 @@ def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
     assert claim_hacking(study(moved, hacked={"es_full": 1}))[0] == "failed"
     verdict, numbers = claim_hacking(study(moved, kl={"es_full": 0.001, "grpo": 0.05}))
     assert verdict == "held" and "dominates" in numbers
-    assert claim_hacking(study(moved, kl={"es_full": 0.05, "grpo": 0.001}))[0] == "failed"
+    verdict, numbers = claim_hacking(study(moved, kl={"es_full": 0.05, "grpo": 0.001}))
+    assert verdict == "failed" and "dominates" in numbers
+    assert claim_hacking(study(moved, kl={"es_full": 0.01, "grpo": 0.01}))[0] == "not shown"
 
 
 def test_the_block_names_every_method_the_base_row_the_numerics_and_the_wall_time(tmp_path):
