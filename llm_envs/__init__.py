@@ -1,11 +1,14 @@
-"""llm-envs: single-turn task environments with verifiable rewards, registered with Gymnasium.
+"""llm-envs: task environments with verifiable rewards, registered with Gymnasium: single-turn,
+and multi-turn with tools (``MultiTurnEnv``, ``llm_envs.multiturn``).
 
-``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0
-(``ENV_IDS``), and ``rg/<task>-v0`` for every reasoning-gym task (``RG_ENV_IDS``; reasoning-gym
+``import llm_envs`` registers Countdown-v0, Conciseness-v0, MATH-v0, Sudoku-v0 and ARC-AGI-v0, and
+the multi-turn GuessNumber-v0, Countdown-calc-v0 and Sudoku-feedback-v0 (``ENV_IDS``), and ``rg/<task>-v0`` for every reasoning-gym task (``RG_ENV_IDS``; reasoning-gym
 itself is imported only when one is built). ``python -m llm_envs.list`` lists them all.
 """
 
 from llm_envs.core import AnyText, TaskEnv, chat, render_prompt, with_opening
+from llm_envs.multiturn import MultiTurnEnv, Reply
+from llm_envs.tools import Tool, tool
 from llm_envs.data import DataError, FieldError, load_rows, require
 from llm_envs.registry import ENV_IDS, UnknownEnvError, make, register
 from llm_envs.scoring import BatchScorer
@@ -13,9 +16,11 @@ from llm_envs.types import Example, Score
 
 # Each module registers its environment at import.
 from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, rg, sudoku  # noqa: E402,F401
+from llm_envs.envs import guess_number  # noqa: E402,F401  (multi-turn: llm_envs.multiturn)
 from llm_envs.envs.rg import RG_ENV_IDS  # noqa: E402
 
 __all__ = [
-    "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "RG_ENV_IDS", "Score", "TaskEnv",
-    "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require", "with_opening",
+    "AnyText", "BatchScorer", "DataError", "ENV_IDS", "Example", "FieldError", "MultiTurnEnv", "RG_ENV_IDS", "Reply",
+    "Score", "TaskEnv", "Tool", "UnknownEnvError", "chat", "load_rows", "make", "register", "render_prompt", "require",
+    "tool", "with_opening",
 ]

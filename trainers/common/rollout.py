@@ -16,6 +16,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from llm_envs import BatchScorer, Example, Score, TaskEnv
+from llm_envs.multiturn import is_multiturn
+from trainers.common.episodes import Episode, generation_of, run_episodes
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult
 from trainers.engines.sampling import Seeds
@@ -39,6 +41,7 @@ class Rollout:
     generation: GenerationResult  # texts, token ids and counts, generation time
     scores: list[Score]
     seconds: float  # generation and scoring
+    episodes: list[Episode] | None = None  # a multi-turn env's episodes (scores: their returns)
 
     @property
     def texts(self) -> list[str]:
@@ -84,6 +87,12 @@ def rollout(
     completion (example-major); ``sort=False`` generates in the given order; ``progress`` and
     ``on_progress`` as in ``generate``."""
     start = time.perf_counter()
+    if is_multiturn(scorer.env):  # episodes of several turns; a score is an episode's return
+        episodes = run_episodes(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, samples,
+                                top_p, progress, sort, on_progress, perturbation)
+        seconds = time.perf_counter() - start
+        return Rollout([e.example for e in episodes], generation_of(episodes, seconds), [e.score() for e in episodes],
+                       seconds, episodes)
     out = engine.generate([e.prompt for e in examples], max_new_tokens=max_new_tokens, batch_size=batch_size,
                           temperature=temperature, top_p=top_p, seed=seed, num_return_sequences=samples,
                           progress=progress, sort=sort, on_progress=on_progress, perturbation=perturbation)

@@ -26,7 +26,14 @@ from trainers.engines.bars import RowProgress, rows_bar
 from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
 Message = dict[str, str]
-Prompt = list[Message] | str
+
+
+class TokenIds(tuple):
+    """A prompt given as the token ids to feed the model, used as they are (a multi-turn episode's
+    conversation so far: its earlier turns' exact sampled ids, never decoded and re-encoded)."""
+
+
+Prompt = list[Message] | str | TokenIds
 
 # End-of-turn tokens of common chat formats; a stop token when the tokenizer has it as a token.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "</s>")
@@ -60,6 +67,9 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
     own special tokens, so none are added to rendered chats; plain strings get the tokenizer's)."""
     ids = []
     for p in prompts:
+        if isinstance(p, TokenIds):
+            ids.append(list(p))
+            continue
         text = render_prompt(tokenizer, p)
         ids.append(tokenizer(text, add_special_tokens=isinstance(p, str))["input_ids"])
     return ids

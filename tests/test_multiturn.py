@@ -1,0 +1,284 @@
+"""Multi-turn episodes: the Gymnasium API of ``MultiTurnEnv``, tools and their failures, and the
+batched runner (``trainers.common.episodes``): exact token ids, masks, limits, seeds."""
+
+from __future__ import annotations
+
+import copy
+import time
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import llm_envs
+from llm_envs import Example, MultiTurnEnv, Reply, chat, tool
+from llm_envs.multiturn import TurnExample
+from llm_envs.tools import run_tool_calls
+from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes
+from trainers.common.rollout import rollout
+from trainers.engines import make_engine
+from trainers.engines.generation import GenerationResult, TokenIds, encode_prompts
+from trainers.noise.members import LowRankMembers
+
+
+class Scripted:
+    """An engine stand-in: row k of turn t answers ``turns[t]`` (its ids + the stop token); it
+    records every prompt it was given."""
+
+    def __init__(self, tokenizer, turns):
+        self.tokenizer, self.turns, self.calls = tokenizer, turns, []
+
+    def generate(self, prompts, max_new_tokens=64, **kwargs):
+        self.calls.append([list(p) for p in prompts])
+        text = self.turns[min(len(self.calls) - 1, len(self.turns) - 1)]
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        ids, done = ids[:max_new_tokens], len(ids) <= max_new_tokens
+        n = len(prompts)
+        return GenerationResult([text] * n, [len(ids)] * n, [done] * n, [list(ids)] * n, [1] * n, 0.0)
+
+
+# ----- the guessing game through Gymnasium --------------------------------------------------------
+
+
+def test_guess_number_episode_and_check_env():
+    env = gym.make("GuessNumber-v0", max_turns=3)
+    check_env(env.unwrapped)
+    obs, _ = env.reset(options={"split": "test", "index": 0})
+    secret = env.unwrapped._current.answer
+    assert obs[-1]["role"] == "user" and "between 1 and 100" in obs[-1]["content"]
+    low = "<guess>0</guess>" if secret > 1 else "<guess>5</guess>"
+    obs, r, term, trunc, info = env.step(low)
+    assert obs == [{"role": "user", "content": "Higher." if secret > 1 else "Lower."}] and (r, term, trunc) == (0, False, False)
+    obs, r, term, trunc, _ = env.step("no guess here")
+    assert "<guess>N</guess>" in obs[0]["content"] and not term
+    obs, r, term, trunc, info = env.step(f"I say <guess>{secret}</guess>")
+    assert (obs, r, term, trunc, info["return"], info["correct"]) == ([], 1.0, True, False, 1.0, True)
+
+
+def test_guess_number_runs_out_of_turns_and_bad_rows(tmp_path):
+    env = gym.make("GuessNumber-v0", max_turns=2).unwrapped
+    env.reset(options={"split": "test", "index": 1})
+    wrong = "<guess>0</guess>"
+    assert env.step(wrong)[2:4] == (False, False)
+    _, r, term, trunc, info = env.step(wrong)
+    assert (r, term, trunc, info["return"]) == (0.0, False, True, 0.0)
+    with pytest.raises(RuntimeError, match="reset"):
+        env.step(wrong)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"secret": 500}\n')
+    with pytest.raises(llm_envs.DataError, match="row 0: field 'secret'"):
+        gym.make("GuessNumber-v0", data={"test": str(bad)}).unwrapped.examples("test")
+    with pytest.raises(ValueError, match="high"):
+        gym.make("GuessNumber-v0", high=1)
+
+
+def test_a_plain_completion_scores_as_the_first_turn():
+    env = llm_envs.make("GuessNumber-v0")
+    example = env.examples("test")[0]
+    assert env.score(f"<guess>{example.answer}</guess>", example).reward == 1.0
+    assert env.score("<guess>0</guess>", example).reward == 0.0
+
+
+# ----- tools ----------------------------------------------------------------------------------------
+
+
+def add(a: int, b: int) -> int:
+    """Add two integers.
+
+    Args:
+        a: the first
+        b: the second
+    """
+    return a + b
+
+
+def slow(seconds: float) -> str:
+    """Sleep.
+
+    Args:
+        seconds: how long
+    """
+    time.sleep(seconds)
+    return "woke"
+
+
+def broken(x: str) -> str:
+    """Fail.
+
+    Args:
+        x: anything
+    """
+    raise ValueError("no good")
+
+
+TOOLS = [tool(add), tool(slow), tool(broken)]
+
+
+def test_tool_schema_comes_from_the_signature():
+    schema = TOOLS[0].schema["function"]
+    assert schema["name"] == "add" and schema["parameters"]["required"] == ["a", "b"]
+    assert schema["parameters"]["properties"]["a"]["type"] == "integer"
+
+
+@pytest.mark.parametrize("call, expected", [
+    ('{"name": "add", "arguments": {"a": 2, "b": 3}}', "5"),
+    ('{"name": "add", "arguments": "{\\"a\\": 2, \\"b\\": 3}"}', "5"),
+    ("not json", "error: malformed tool call: not JSON"),
+    ('["add"]', "error: malformed tool call"),
+    ('{"name": "sub", "arguments": {}}', "error: unknown tool 'sub'"),
+    ('{"name": "add", "arguments": {"a": 2}}', "error: bad arguments for add: missing b"),
+    ('{"name": "add", "arguments": {"a": 2, "b": "3"}}', "error: bad arguments for add: b must be integer"),
+    ('{"name": "add", "arguments": {"a": 2, "b": 3, "c": 1}}', "error: bad arguments for add: unknown argument 'c'"),
+    ('{"name": "broken", "arguments": {"x": "y"}}', "error: broken raised ValueError: no good"),
+    ('{"name": "slow", "arguments": {"seconds": 30}}', "error: slow timed out after 0.3 s"),
+])
+def test_tool_calls_and_their_failures(call, expected):
+    start = time.monotonic()
+    out = run_tool_calls(f"thinking... <tool_call>{call}</tool_call>", TOOLS, timeout=0.3)
+    assert time.monotonic() - start < 5
+    assert out.calls == 1 and out.messages[0]["role"] == "tool"
+    assert out.messages[0]["content"].startswith(expected)
+    assert out.errors == expected.startswith("error:")
+
+
+def test_unclosed_and_too_many_calls_are_errors():
+    out = run_tool_calls('<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}', TOOLS)
+    assert (out.calls, out.errors) == (1, 1) and "without </tool_call>" in out.messages[0]["content"]
+    call = '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>'
+    out = run_tool_calls(call * 3, TOOLS, max_calls=2)
+    assert [m["content"] for m in out.messages][:2] == ["2", "2"] and out.errors == 1
+
+
+class AdderEnv(MultiTurnEnv):
+    """Say the sum of two numbers in <answer>; an ``add`` tool helps."""
+
+    max_new_tokens = 16
+    score_workers = 0
+    max_turns = 3
+
+    def build_split(self, split):
+        return [Example(f"{split}-{i}", chat(f"What is {i} + 7? Answer in <answer></answer>."), i + 7)
+                for i in range(3)]
+
+    def tools(self):
+        return TOOLS
+
+    def respond(self, text, state, example):
+        ok = f"<answer>{example.answer}</answer>" in text
+        return Reply(reward=float(ok), done=True, correct=ok)
+
+
+def test_a_tool_turn_then_an_answer_turn_through_gymnasium():
+    env = AdderEnv()
+    env.reset(options={"split": "test", "index": 2})
+    obs, r, term, trunc, info = env.step('<tool_call>{"name": "add", "arguments": {"a": 2, "b": 7}}</tool_call>')
+    assert obs == [{"role": "tool", "name": "add", "content": "9"}] and not term and info["tool_calls"] == 1
+    obs, r, term, trunc, info = env.step('<tool_call>{"name": "nope"}</tool_call>')
+    assert obs[0]["content"].startswith("error: unknown tool") and info["tool_errors"] == 1
+    _, r, term, trunc, info = env.step("<answer>9</answer>")
+    assert (r, term, info["return"], info["tool_calls"], info["tool_errors"]) == (1.0, True, 1.0, 2, 1)
+
+
+def test_a_turn_that_hangs_ends_the_episode_in_bounded_time():
+    class Hanging(AdderEnv):
+        score_timeout = 0.5
+
+        def respond(self, text, state, example):
+            while True:
+                pass
+
+    env = Hanging()
+    env.reset(options={"split": "test", "index": 0})
+    start = time.monotonic()
+    _, r, term, _, info = env.step("<answer>7</answer>")
+    assert time.monotonic() - start < 5 and (r, term, info["error"]) == (0.0, True, "timeout")
+
+
+# ----- the batched runner ----------------------------------------------------------------------------
+
+
+def test_bridge_ids_are_the_templates_own_tokens(tiny_tokenizer):
+    messages = [{"role": "user", "content": "Higher."}]
+    convo = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a1"}]
+    full = tiny_tokenizer.apply_chat_template(convo + messages, tokenize=False, add_generation_prompt=True)
+    head = tiny_tokenizer.apply_chat_template(convo, tokenize=False)
+    cut = head.rfind("<|im_end|>") + len("<|im_end|>")
+    assert tiny_tokenizer.decode(bridge_ids(tiny_tokenizer, messages)) == full[cut:]
+    assert full[cut:].startswith("\n<|im_start|>user\nHigher.<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_episodes_keep_exact_ids_and_mask_env_tokens(tiny_tokenizer):
+    env = llm_envs.make("GuessNumber-v0", max_turns=3)
+    examples = env.examples("test")[:2]
+    engine = Scripted(tiny_tokenizer, ["<guess>0</guess>", "<guess>0</guess>", "<guess>0</guess>"])
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        episodes = run_episodes(engine, scorer, examples, max_new_tokens=32)
+    assert len(engine.calls) == 3  # one engine call per turn, both episodes in each
+    first = encode_prompts(tiny_tokenizer, [e.prompt for e in examples])
+    for k, ep in enumerate(episodes):
+        assert ep.prompt_ids == first[k] and ep.turns == 3 and ep.truncated and not ep.terminated
+        assert ep.episode_return == 0.0 and not ep.correct
+        # what the engine was given at turn 3 is exactly the episode's ids so far
+        assert engine.calls[2][k] == ep.prompt_ids + ep.ids[:len(engine.calls[2][k]) - len(ep.prompt_ids)]
+        model = [t for t, m in zip(ep.ids, ep.mask) if m]
+        env_side = [t for t, m in zip(ep.ids, ep.mask) if not m]
+        sampled = tiny_tokenizer("<guess>0</guess>", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
+        assert model == sampled * 3
+        assert env_side == 2 * bridge_ids(tiny_tokenizer, [{"role": "user", "content": "Higher."}])
+        assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+
+
+def test_finished_episodes_leave_the_batch(tiny_tokenizer):
+    env = llm_envs.make("GuessNumber-v0", max_turns=4, test_size=5)
+    examples = [e for e in env.examples("test")][:2]
+    secret = examples[0].answer
+    engine = Scripted(tiny_tokenizer, [f"<guess>{secret}</guess>", "<guess>0</guess>"])
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        r = rollout(engine, scorer, examples, 32)
+    assert [len(c) for c in engine.calls][:2] == [2, 1] or examples[1].answer == secret
+    assert r.scores[0].reward == 1.0 and r.episodes[0].terminated and r.episodes[0].turns == 1
+    assert r.mean_reward == sum(e.episode_return for e in r.episodes) / 2
+
+
+def test_the_token_budget_truncates(tiny_tokenizer):
+    class Tight(type(llm_envs.make("GuessNumber-v0"))):
+        max_episode_tokens = 20
+
+    env = Tight(max_turns=5)
+    engine = Scripted(tiny_tokenizer, ["<guess>0</guess>"])
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        [ep] = run_episodes(engine, scorer, env.examples("test")[:1], max_new_tokens=64)
+    assert ep.truncated and ep.turns < 5 and len(ep.ids) <= 20
+
+
+def test_a_rows_sampled_episode_depends_on_its_seed_alone(tiny_model, tiny_tokenizer):
+    env = llm_envs.make("GuessNumber-v0", max_turns=2)
+    examples = env.examples("test")[:3]
+    engine = make_engine("hf", tiny_model, tiny_tokenizer)
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        both = run_episodes(engine, scorer, examples, 8, temperature=1.0, seed=[11, 22, 33])
+        alone = run_episodes(engine, scorer, examples[1:2], 8, temperature=1.0, seed=[22])
+    assert alone[0].ids == both[1].ids and alone[0].mask == both[1].mask
+    assert both[0].ids != both[1].ids or both[0].example.id != both[1].example.id
+
+
+def test_lowrank_rows_stay_member_major_as_episodes_leave():
+    pop = LowRankMembers([], [10, 20, 30], [1.0, -1.0, 1.0], 0.1, 1)
+    rows, sub = _lowrank_call(pop, 9, [0, 2, 7])  # member 0: rows 0, 2; member 1: none; member 2: row 7
+    assert rows == [0, 2, 7, 7] and list(sub.seeds) == [10, 30] and list(sub.signs) == [1.0, 1.0]
+    assert sub.rows_per_member(len(rows)) == 2
+
+
+def test_token_prompts_pass_through_every_engine(tiny_model, tiny_tokenizer):
+    ids = encode_prompts(tiny_tokenizer, [chat("hello")])[0]
+    assert encode_prompts(tiny_tokenizer, [TokenIds(ids)]) == [ids]
+    for name in ("hf", "native"):
+        engine = make_engine(name, copy.deepcopy(tiny_model), tiny_tokenizer)
+        a = engine.generate([chat("hello")], max_new_tokens=6)
+        b = engine.generate([TokenIds(ids)], max_new_tokens=6)
+        assert a.token_ids == b.token_ids
+
+
+def test_turn_examples_carry_no_opening():
+    ex = llm_envs.make("Countdown-v0").examples("test")[0]
+    assert ex.opening and TurnExample(ex.id, [], None, example=ex).opening == ""

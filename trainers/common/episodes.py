@@ -1,0 +1,214 @@
+"""The batched multi-turn rollout: many episodes of a ``MultiTurnEnv`` advance in lockstep, one
+engine call per turn, the one path from a model to episode returns (``trainers.common.rollout``
+calls it for multi-turn envs, so ES, the RL trainers and ``python -m eval`` all go through it).
+
+Each turn, every active episode is one row whose prompt is its conversation so far as token ids
+(``TokenIds``): the first prompt rendered with the chat template, then each model turn's exact
+sampled ids (never decoded and re-encoded: BPE is not a bijection, and RL's log-probs must be of
+the tokens the model conditioned on), then the env's reply as bridge ids. The bridge is the text
+the chat template puts after an assistant turn's end-of-turn token for the env's messages plus the
+next generation prompt, found by diffing a dummy conversation (``bridge_ids``; TRL and verifiers do
+the same), and is masked 0 for the loss. The env processes all rows' turns in one
+``score_batch`` call of the run's ``BatchScorer`` (bounded in time, see ``llm_envs.multiturn``).
+
+An episode leaves the batch when the env ends it (``terminated``), or a limit does
+(``truncated``): ``max_turns``, the token budget ``episode_tokens()`` (model and env tokens after
+the first prompt), or a turn cut at ``max_new_tokens`` without its stop token (its text is still
+processed, but nothing can be stitched after it).
+
+Sampling: row k's turn t draws from a seed derived from (its seed, t) alone (turn 0 from its seed
+itself, as a single-turn rollout does), so its tokens do not depend on the other rows. An ES
+low-rank population (rows member-major, equally many per member) stays valid as rows leave: each
+turn's call takes the members with active rows, each padded to as many rows as the busiest with
+repeats of its own rows, whose outputs are dropped.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from llm_envs import BatchScorer, Example, Score
+from llm_envs.multiturn import TurnExample, TurnScore
+from trainers.engines.base import Engine
+from trainers.engines.generation import END_OF_TURN_TOKENS, TokenIds, encode_prompts
+from trainers.engines.sampling import Seeds, row_seeds
+from trainers.noise.members import LowRankMembers, Perturbation
+
+_DUMMY = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]
+
+
+@dataclass
+class Episode:
+    """One episode: its conversation as messages and as exact token ids, with the loss mask."""
+
+    example: Example
+    state: Any
+    messages: list[dict[str, str]]  # the prompt (an opening merged into the first turn), then the turns
+    prompt_ids: list[int]  # the first prompt as the model saw it
+    ids: list[int] = field(default_factory=list)  # everything after it: model turns and bridges
+    mask: list[int] = field(default_factory=list)  # per id: 1 = sampled by the model, 0 = env's
+    rewards: list[float] = field(default_factory=list)  # per turn
+    turns: int = 0
+    correct: bool = False
+    parts: dict[str, float] = field(default_factory=dict)
+    terminated: bool = False
+    truncated: bool = False
+    error: str | None = None
+    tool_calls: int = 0
+    tool_errors: int = 0
+    last_text: str = ""  # the last assistant turn
+
+    @property
+    def done(self) -> bool:
+        return self.terminated or self.truncated
+
+    @property
+    def episode_return(self) -> float:
+        return float(sum(self.rewards))
+
+    @property
+    def model_tokens(self) -> int:
+        return int(sum(self.mask))
+
+    def score(self) -> Score:
+        """The episode as a ``Score``: its return, whether it was solved, the last turn's parts."""
+        return Score(self.episode_return, self.correct, dict(self.parts), self.error)
+
+
+def bridge_ids(tokenizer, messages: Sequence[dict[str, str]]) -> list[int]:
+    """The ids the chat template puts after an assistant turn's end-of-turn token for the env's
+    ``messages`` and the next assistant generation prompt (a dummy conversation's diff)."""
+    before = tokenizer.apply_chat_template(_DUMMY, tokenize=False)
+    after = tokenizer.apply_chat_template(_DUMMY + list(messages), tokenize=False, add_generation_prompt=True)
+    content = before.rfind("x")
+    ends = [before.find(t, content) + len(t) for t in (tokenizer.eos_token, *END_OF_TURN_TOKENS)
+            if t and before.find(t, content) >= 0]
+    cut = min(ends) if ends else content + 1
+    if not after.startswith(before[:cut]):
+        raise ValueError("the chat template rewrites earlier turns when a message is added, so multi-turn token ids "
+                         "cannot be kept exact; use a template that preserves the conversation's prefix")
+    return tokenizer(after[cut:], add_special_tokens=False)["input_ids"]
+
+
+def turn_seed(seed: int, turn: int) -> int:
+    """Row seed of turn ``turn``: the row's own seed on turn 0, else one drawn from (seed, turn)."""
+    if turn == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, turn]).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
+
+
+def _lowrank_call(perturbation: LowRankMembers, rows: int, active: list[int]) -> tuple[list[int], LowRankMembers]:
+    """The rows of one turn's call under a low-rank population of ``rows`` rows (member-major):
+    each member with active rows, its rows padded with repeats to the busiest member's count."""
+    per = perturbation.rows_per_member(rows)
+    by_member: dict[int, list[int]] = {}
+    for r in active:
+        by_member.setdefault(r // per, []).append(r)
+    width = max(len(v) for v in by_member.values())
+    members = sorted(by_member)
+    call_rows = [own[k % len(own)] for m in members for own in [by_member[m]] for k in range(width)]
+    sub = LowRankMembers(perturbation.layers, [perturbation.seeds[m] for m in members],
+                         [perturbation.signs[m] for m in members], perturbation.sigma, perturbation.rank)
+    return call_rows, sub
+
+
+def run_episodes(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], max_new_tokens: int,
+                 batch_size: int = 32, temperature: float = 0.0, seed: Seeds = None, samples: int = 1,
+                 top_p: float = 1.0, progress: bool | str = False, sort: bool = True,
+                 on_progress: Callable[[float, int, float], None] | None = None,
+                 perturbation: Perturbation | None = None) -> list[Episode]:
+    """``samples`` episodes of each of ``examples`` (example-major) of the multi-turn env
+    ``scorer.env``; arguments as ``trainers.common.rollout.rollout`` (``seed``: one per episode or
+    one for the call; ``max_new_tokens``: per turn)."""
+    env, tokenizer = scorer.env, engine.tokenizer
+    per_row = [e for e in examples for _ in range(samples)]
+    first = encode_prompts(tokenizer, [e.prompt for e in examples])
+    episodes = [Episode(e, env.begin(e), [dict(m) for m in e.prompt], list(first[i // samples]))
+                for i, e in enumerate(per_row)]
+    seeds = row_seeds(seed, len(episodes)) if temperature > 0 else None
+    budget = env.episode_tokens()
+    active = list(range(len(episodes)))
+    turn = 0
+    while active:
+        rows, call_pert = active, perturbation
+        if isinstance(perturbation, LowRankMembers):
+            rows, call_pert = _lowrank_call(perturbation, len(episodes), active)
+        left = {r: min(max_new_tokens, budget - len(episodes[r].ids)) for r in active}
+        out = engine.generate([TokenIds(episodes[r].prompt_ids + episodes[r].ids) for r in rows],
+                              max_new_tokens=max(left.values()), batch_size=batch_size, temperature=temperature,
+                              top_p=top_p, seed=None if seeds is None else [turn_seed(seeds[r], turn) for r in rows],
+                              progress=progress, sort=sort, on_progress=on_progress, perturbation=call_pert)
+        texts, finished = {}, {}
+        for k, r in enumerate(rows):
+            if r in texts:  # a repeat that pads a low-rank member: dropped
+                continue
+            ids = out.token_ids[k][:left[r]]
+            finished[r] = out.finished[k] and len(ids) == len(out.token_ids[k])
+            text = out.texts[k] if len(ids) == len(out.token_ids[k]) else \
+                tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+            ep = episodes[r]
+            ep.ids += ids
+            ep.mask += [1] * len(ids)
+            texts[r] = (ep.example.opening if ep.turns == 0 else "") + text
+        turn_examples = [TurnExample(episodes[r].example.id, [], None, example=episodes[r].example,
+                                     state=episodes[r].state, turn=episodes[r].turns) for r in active]
+        results = scorer.score_batch([texts[r] for r in active], turn_examples)
+        for r, result in zip(active, results):
+            _advance(episodes[r], texts[r], result, finished[r], env.max_turns, budget, tokenizer)
+        active = [r for r in active if not episodes[r].done]
+        turn += 1
+    return episodes
+
+
+def _advance(ep: Episode, text: str, result: Score, finished: bool, max_turns: int, budget: int, tokenizer) -> None:
+    """Record one processed turn in ``ep``; append the env's reply, or end the episode."""
+    if ep.turns == 0 and ep.messages and ep.messages[-1].get("role") == "assistant":
+        ep.messages.pop()  # the opening: the first turn's text holds it
+    ep.messages.append({"role": "assistant", "content": text})
+    ep.turns += 1
+    ep.last_text = text
+    ep.rewards.append(float(result.reward))
+    ep.correct, ep.parts = bool(result.correct), dict(result.parts)
+    if not isinstance(result, TurnScore):  # the turn failed (timeout, worker death, a bug): the episode ends
+        ep.error, ep.terminated = result.error or "turn failed", True
+        return
+    ep.state = result.state
+    ep.tool_calls += result.tool_calls
+    ep.tool_errors += result.tool_errors
+    if result.done or not result.messages:
+        ep.terminated = True
+        return
+    if not finished or ep.turns >= max_turns:
+        ep.truncated = True
+        return
+    bridge = bridge_ids(tokenizer, result.messages)
+    if len(ep.ids) + len(bridge) >= budget:
+        ep.truncated = True
+        return
+    ep.ids += bridge
+    ep.mask += [0] * len(bridge)
+    ep.messages += [dict(m) for m in result.messages]
+
+
+def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Means per episode: return, solved, turns, model tokens, tool calls and tool errors, and the
+    fractions truncated and failed."""
+    n = max(1, len(episodes))
+    return {"return": sum(e.episode_return for e in episodes) / n, "pass@1": sum(e.correct for e in episodes) / n,
+            "turns": sum(e.turns for e in episodes) / n, "tokens": sum(e.model_tokens for e in episodes) / n,
+            "tool_calls": sum(e.tool_calls for e in episodes) / n, "tool_errors": sum(e.tool_errors for e in episodes) / n,
+            "truncated": sum(e.truncated for e in episodes) / n, "errors": sum(e.error is not None for e in episodes) / n}
+
+
+def generation_of(episodes: Sequence[Episode], seconds: float):
+    """A ``GenerationResult`` standing for the episodes (what single-turn code reads of a rollout):
+    the last turn's text, the model's tokens, the episode's ids after its first prompt."""
+    from trainers.engines.generation import GenerationResult
+
+    return GenerationResult(texts=[e.last_text for e in episodes], num_tokens=[e.model_tokens for e in episodes],
+                            finished=[e.terminated for e in episodes], token_ids=[list(e.ids) for e in episodes],
+                            prompt_tokens=[len(e.prompt_ids) for e in episodes], seconds=seconds)
