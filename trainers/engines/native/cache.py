@@ -4,6 +4,8 @@ token), written in place, and compacted when rows finish.
 Layout ``(layers, slots, kv_heads, length, head_dim)``: the live rows are always slots
 ``0 .. live - 1``, so one slice gives every layer's keys for a batched product, and a finished
 row leaves by having a live row from the end moved into its slot (only the moved rows are copied).
+The fixed-shape path (``static.py``) keeps one cache across calls and writes each decode step's
+column through a tensor (``column``), so a captured CUDA graph replays the same kernels every step.
 """
 
 from __future__ import annotations
@@ -18,10 +20,15 @@ class KVCache:
         self.k = torch.zeros(shape, dtype=dtype, device=device)
         self.v = torch.zeros(shape, dtype=dtype, device=device)
 
-    def write(self, layer: int, column: int, k: torch.Tensor, v: torch.Tensor) -> None:
+    def write(self, layer: int, column: int | torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """Store the keys and values ``(rows, kv_heads, T, head_dim)`` of the first ``rows`` slots
-        at columns ``column .. column + T - 1``."""
+        at columns ``column .. column + T - 1`` (``column``: an int, or a one-element long tensor
+        holding it, T = 1: no host value, as a CUDA graph needs)."""
         rows, _, t, _ = k.shape
+        if isinstance(column, torch.Tensor):
+            self.k[layer, :rows].index_copy_(2, column, k)
+            self.v[layer, :rows].index_copy_(2, column, v)
+            return
         self.k[layer, :rows, :, column:column + t] = k
         self.v[layer, :rows, :, column:column + t] = v
 

@@ -1,5 +1,6 @@
 """The native engine's scheduler: rows in waves that fit in memory, each wave prefilled once and
-decoded step by step, finished rows leaving the batch."""
+decoded step by step, finished rows leaving the batch (on CUDA: at fixed shapes, finished rows
+masked, the step a CUDA graph, ``static.py``)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from trainers.engines.base import ModelWeightsEngine
 from trainers.engines.bars import RowProgress, rows_bar
 from trainers.engines.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of,
                                          rows_that_fit, stop_token_ids)
-from trainers.engines.native.model import Decoder, unsupported
+from trainers.engines.native.model import Decoder, left_padded, prefill_mask, unsupported
 from trainers.engines.native.rows import RowNoise
+from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
 from trainers.engines.options import EngineUnavailable
 from trainers.engines.sampling import Sampler, row_seeds, row_uniforms
 from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
@@ -22,12 +24,17 @@ from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
 class NativeEngine(ModelWeightsEngine):
     """``--engine native``: a decode loop over the model's own modules (Llama, SmolLM, Qwen2).
 
-    ``compact``: finished rows leave the batch (off only in tests, to compare)."""
+    ``compact``: finished rows leave the batch (off only in tests, to compare). ``fixed_shapes``:
+    decode at fixed shapes instead (``static.py``: static buffers, batch-size buckets, finished
+    rows masked); default on CUDA, where its step runs as CUDA graphs (``graphs``, default: on CUDA
+    without autocast, unless ``LLM_ENVS_CUDA_GRAPHS=0``). On CPU compaction stays the default:
+    there a step's kernels cost more than their launches, and finished rows leaving saves work."""
 
     name = "native"
     schedules_rows = True
 
-    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None, compact: bool = True):
+    def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None, compact: bool = True,
+                 fixed_shapes: bool | None = None, graphs: bool | None = None):
         why = unsupported(model)
         if why:
             raise EngineUnavailable(why)
@@ -36,6 +43,12 @@ class NativeEngine(ModelWeightsEngine):
         self.stops = stop_token_ids(tokenizer, model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
         self.compact = compact
+        cuda = self.device.type == "cuda"
+        fixed = cuda if fixed_shapes is None else fixed_shapes
+        graphs = fixed and cuda and not self.autocast and graphs_wanted() if graphs is None else graphs
+        if graphs and not (fixed and cuda):
+            raise ValueError("--engine native: CUDA graphs need the fixed-shape path on a CUDA device")
+        self.static = FixedShapes(self.decoder, graphs) if fixed else None
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
@@ -53,6 +66,8 @@ class NativeEngine(ModelWeightsEngine):
         # Waves: as many rows as fit in memory, longest prompts together (little padding).
         longest = max(len(r) for r in rows)
         cap = rows_that_fit(self.model, longest + max_new_tokens)
+        if self.static is not None:  # waves of whole buckets; the buffers it holds count as free
+            cap = largest_bucket(cap + self.static.held_rows(longest + max_new_tokens))
         order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
         waves = [order[k:k + cap] for k in range(0, len(order), cap)]
         sampler = Sampler(float(temperature), float(top_p), int(top_k))
@@ -69,8 +84,10 @@ class NativeEngine(ModelWeightsEngine):
                     t0 = time.perf_counter()
                     wave_members = None if members is None else members[torch.tensor(wave, device=self.device)]
                     wave_uniforms = None if uniforms is None else uniforms[torch.tensor(wave, device=self.device)]
-                    generated = self._wave([rows[k] for k in wave], wave_members, noise, sampler, wave_uniforms,
-                                           max_new_tokens, min(min_new_tokens, max_new_tokens), tracker)
+                    args = ([rows[k] for k in wave], wave_members, noise, sampler, wave_uniforms, max_new_tokens,
+                            min(min_new_tokens, max_new_tokens), tracker)
+                    generated = self._wave(*args) if self.static is None else \
+                        self.static.wave(*args, pad=self.pad, stops=self.stops)
                     for k, ids in zip(wave, generated):
                         out[k] = cut_at_stop(ids, self.stops)
                     timings.append(time.perf_counter() - t0)
@@ -86,27 +103,17 @@ class NativeEngine(ModelWeightsEngine):
         numbers when sampling). Returns each row's ``max_new`` slots of ids (what follows a stop
         token is left as it was: ``cut_at_stop`` drops it)."""
         dev, slots = self.device, len(rows)
-        width = max(len(r) for r in rows)
-        ids = torch.full((slots, width), self.pad, dtype=torch.long)
-        valid = torch.zeros((slots, width), dtype=torch.bool)
-        for s, r in enumerate(rows):
-            if r:
-                ids[s, width - len(r):] = torch.tensor(r)
-                valid[s, width - len(r):] = True
-        ids, valid = ids.to(dev), valid.to(dev)
+        ids, valid = left_padded(rows, self.pad, dev)
+        width = ids.shape[1]
         positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         length = width + max_new
         cache, rope = self.decoder.cache(slots, length), self.decoder.rope(length)
-        # Prefill mask: causal over real tokens; a pad token sees itself, so no row of softmax is empty.
-        causal = torch.ones(width, width, dtype=torch.bool, device=dev).tril()
-        eye = torch.eye(width, dtype=torch.bool, device=dev)
-        prefill_mask = (causal & valid[:, None, :]) | eye
         # Decode mask, additive: pad columns -inf, every later column open (every live row writes it).
         columns = torch.zeros(slots, length, dtype=cache.k.dtype, device=dev)
         columns[:, :width].masked_fill_(~valid, float("-inf"))
         if noise is not None:
             noise.select(members)
-        logits = self.decoder.forward(ids, positions, rope, cache, 0, prefill_mask[:, None], noise)
+        logits = self.decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
 
         stops = torch.tensor(self.stops, device=dev)
         slot_row = torch.arange(slots, device=dev)  # which row each live slot holds
@@ -143,6 +150,10 @@ class NativeEngine(ModelWeightsEngine):
             pos[:live] += 1
         tracker.batch_done()
         return generated.tolist()
+
+    def close(self) -> None:
+        if self.static is not None:
+            self.static.release()
 
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None):

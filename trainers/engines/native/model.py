@@ -54,6 +54,28 @@ def unsupported(model) -> str | None:
     return None
 
 
+def left_padded(rows: list[list[int]], pad: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(ids, valid)``, both ``(rows, width)``: the prompts left-padded to the longest, and which
+    positions hold a real token (an empty row is all padding)."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    valid = torch.zeros((len(rows), width), dtype=torch.bool)
+    for s, r in enumerate(rows):
+        if r:
+            ids[s, width - len(r):] = torch.tensor(r)
+            valid[s, width - len(r):] = True
+    return ids.to(device), valid.to(device)
+
+
+def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
+    """``(rows, 1, width, width)`` boolean: causal over real tokens; a pad token sees itself, so no
+    row of the softmax is empty."""
+    width = valid.shape[1]
+    causal = torch.ones(width, width, dtype=torch.bool, device=valid.device).tril()
+    eye = torch.eye(width, dtype=torch.bool, device=valid.device)
+    return ((causal & valid[:, None, :]) | eye)[:, None]
+
+
 class Decoder:
     """``forward`` runs the decoder on T new tokens of each live row and returns the last token's
     logits; keys and values go into the ``KVCache`` at ``column``."""
@@ -87,13 +109,15 @@ class Decoder:
         cos, sin = self.rotary(torch.empty(0, device=w.device, dtype=self._dtype()), positions)
         return cos[0], sin[0]
 
-    def forward(self, ids: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache, column: int,
+    def forward(self, ids: torch.Tensor, positions: torch.Tensor, rope, cache: KVCache, column: int | torch.Tensor,
                 mask: torch.Tensor, noise=None) -> torch.Tensor:
         """Logits ``(rows, vocab)`` (fp32) of the last of the T tokens ``ids (rows, T)``.
 
         ``positions (rows, T)``: rotary positions; ``mask``: which cached columns each token may
-        see, ``(rows, 1, T, column + T)`` boolean for a prefill, ``(rows, 1, 1, column + 1)``
-        additive (0 or -inf) for a decode step. ``noise``: a ``rows.RowNoise`` or None."""
+        see, ``(rows, 1, T, column + T)`` boolean for a prefill, ``(rows, 1, 1, columns)``
+        additive (0 or -inf) for a decode step: ``column + 1`` columns, or (a fixed-shape step,
+        ``column`` a one-element tensor) a fixed count whose unwritten columns are -inf. The
+        attention reads the cache's first ``mask.shape[-1]`` columns. ``noise``: a ``rows.RowNoise`` or None."""
         cos, sin = rope[0][positions], rope[1][positions]  # (rows, T, head_dim)
         x = self.embed(ids)
         for i, layer in enumerate(self.layers):
@@ -111,7 +135,7 @@ class Decoder:
         v = v.view(rows, t, self.kv_heads, self.head_dim).transpose(1, 2)
         q, k = self.rotate(q, k, cos, sin)
         cache.write(i, column, k, v)
-        keys, values = cache.read(i, rows, column + t)
+        keys, values = cache.read(i, rows, mask.shape[-1])
         if t == 1:  # decode: the query heads of each kv head as one product, no repeated K/V
             group = self.heads // self.kv_heads
             qg = q.reshape(rows, self.kv_heads, group, self.head_dim)

@@ -54,6 +54,23 @@ class RowNoise:
                              "the decoder's layers; use --engine hf")
         self.members = torch.zeros(0, dtype=torch.long)
 
+    def take(self, other: RowNoise) -> bool:
+        """Copy ``other``'s factors into this one's tensors, in place: a captured CUDA graph reads
+        them where they are (the fixed-shape path keeps one ``RowNoise`` across calls). False, and
+        nothing copied, when the two differ in layout (members, rank, layers, dtype)."""
+        def layout(g: _Group):
+            return g.rank, g.Bt.shape, g.Bt.dtype, [None if a is None else (a.shape, a.dtype) for a in g.At]
+
+        if self.groups.keys() != other.groups.keys() or any(layout(g) != layout(other.groups[k])
+                                                            for k, g in self.groups.items()):
+            return False
+        for key, g in self.groups.items():
+            g.Bt.copy_(other.groups[key].Bt)
+            for a, b in zip(g.At, other.groups[key].At):
+                if a is not None:
+                    a.copy_(b)
+        return True
+
     def select(self, members: torch.Tensor) -> None:
         """The live rows are now of members ``members`` (one index per row, in slot order)."""
         self.members = members
