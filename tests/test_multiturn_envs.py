@@ -1,0 +1,104 @@
+"""The built-in multi-turn environments: Countdown-calc-v0, Sudoku-feedback-v0 (GuessNumber-v0 is
+in test_multiturn.py): Gymnasium's checker, golden episodes, bad input."""
+
+from __future__ import annotations
+
+import gymnasium as gym
+import pytest
+from gymnasium.utils.env_checker import check_env
+
+import llm_envs
+from llm_envs.envs.countdown_calc import calculator
+from llm_envs.envs.sudoku import format_grid
+from llm_envs.envs.sudoku_feedback import conflicts, feedback
+
+
+def calc_call(expression: str) -> str:
+    return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
+
+
+@pytest.mark.parametrize("env_id", ["Countdown-calc-v0", "Sudoku-feedback-v0", "GuessNumber-v0"])
+def test_check_env(env_id):
+    env = gym.make(env_id).unwrapped
+    check_env(env, skip_render_check=True)
+    assert isinstance(env, llm_envs.MultiTurnEnv) and env_id in llm_envs.ENV_IDS
+
+
+@pytest.mark.parametrize("expression, expected", [
+    ("(25 - 5) * 4", "80"), ("7 / 2", "7/2 (= 3.5)"), ("3 × 4", "12"),
+    ("__import__('os')", "error: only digits"), ("1 / 0", "error: division by zero"), ("-3 + 1", "error: UnaryOp not allowed"),
+    ("2 ** 8", "error: operator Pow"), ("9" * 300, "error: answer longer"),
+])
+def test_the_calculator_is_countdowns_safe_arithmetic(expression, expected):
+    assert calculator(expression).startswith(expected)
+
+
+def test_countdown_calc_golden_episode():
+    env = gym.make("Countdown-calc-v0").unwrapped
+    obs, _ = env.reset(options={"split": "test", "index": 0})
+    example = env._current
+    assert obs[0]["role"] == "system" and '"name": "calculator"' in obs[0]["content"]
+    assert obs[-1] == {"role": "assistant", "content": "Let me solve this step by step.\n<think>"}
+    assert example.meta["numbers"] == [78, 51, 21, 22] and example.meta["target"] == 70
+    obs, r, term, trunc, info = env.step(" try " + calc_call("78 - 51 + 21 + 22"))
+    assert obs == [{"role": "tool", "name": "calculator", "content": "70"}] and (r, term) == (0.0, False)
+    obs, r, term, trunc, info = env.step(calc_call("78 - x"))  # bad expression: the tool answers an error
+    assert obs[0]["content"].startswith("error: only digits") and info["tool_errors"] == 1  # "error:" counts
+    obs, r, term, trunc, info = env.step('<tool_call>{"name": "calc"}</tool_call>')
+    assert obs[0]["content"].startswith("error: unknown tool") and info["tool_errors"] == 2
+    _, r, term, trunc, info = env.step("<think>done</think>\n<answer>78 - 51 + 21 + 22</answer>")
+    assert (term, trunc, info["correct"], info["tool_calls"]) == (True, False, True, 3)
+    assert r == pytest.approx(1.1) and info["return"] == pytest.approx(1.1)
+
+
+def test_countdown_calc_answers_like_countdown_and_truncates():
+    calc, plain = llm_envs.make("Countdown-calc-v0", max_turns=2), llm_envs.make("Countdown-v0")
+    ex_calc, ex = calc.examples("test")[3], plain.examples("test")[3]
+    for text in ["42</think>\n<answer>" + ex.meta["solution"] + "</answer>", "nothing", "</think>\n<answer>1+1</answer>"]:
+        assert calc.score(text, ex_calc).reward == plain.score(text, ex).reward
+    calc.reset(options={"split": "test", "index": 0})
+    calc.step(calc_call("1 + 1"))
+    _, r, term, trunc, _ = calc.step(calc_call("1 + 2"))
+    assert (r, term, trunc) == (0.0, False, True)
+    with pytest.raises(ValueError, match="max_turns"):
+        llm_envs.make("Countdown-calc-v0", max_turns=0)
+
+
+def test_sudoku_feedback_golden_episode():
+    env = gym.make("Sudoku-feedback-v0", attempts=3, attempt_reward=0.5).unwrapped
+    env.reset(options={"split": "test", "index": 0})
+    puzzle, solution = env._current.meta["puzzle"], env._current.meta["solution"]
+    obs, r, term, trunc, info = env.step("no answer")
+    assert "could not read a 4x4 grid" in obs[0]["content"] and (r, term) == (0.0, False)
+    wrong = [row[:] for row in solution]
+    wrong[1][0], wrong[1][1] = wrong[1][1], wrong[1][0]  # swaps a given (row 2 col 1 is 1): changed + conflicts
+    obs, r, term, trunc, info = env.step(f"</think>\n<answer>\n{format_grid(wrong)}\n</answer>")
+    text = obs[0]["content"]
+    assert "changed the given numbers at row 2 column 1" in text and "column 1" in text and "top-left box" not in text
+    assert r == pytest.approx(0.5 * 10 / 12) and not term
+    _, r, term, trunc, info = env.step(f"<answer>\n{format_grid(solution)}\n</answer>")
+    assert (r, term, info["correct"]) == (1.0, True, True) and info["return"] == pytest.approx(1.0 + 0.5 * 10 / 12)
+    assert puzzle[1][0] == 1
+
+
+def test_sudoku_feedback_last_attempt_gets_sudokus_reward():
+    fb, plain = llm_envs.make("Sudoku-feedback-v0", attempts=2), llm_envs.make("Sudoku-v0")
+    fb.reset(options={"split": "test", "index": 1})
+    sol = fb._current.meta["solution"]
+    half = [row[:] for row in sol]
+    half[0] = half[0][::-1]
+    attempt = f"<answer>\n{format_grid(half)}\n</answer>"
+    assert fb.step(attempt)[1] == 0.0  # no shaping by default
+    _, r, term, trunc, info = fb.step(attempt)
+    assert term and not info["correct"] and r == plain.score(attempt, plain.examples("test")[1]).reward > 0
+    with pytest.raises(ValueError, match="attempts"):
+        llm_envs.make("Sudoku-feedback-v0", attempts=0)
+    with pytest.raises(ValueError, match="attempt_reward"):
+        llm_envs.make("Sudoku-feedback-v0", attempt_reward=2)
+
+
+def test_feedback_names_conflicts_and_never_values():
+    grid = [[1, 2, 3, 4], [3, 4, 1, 2], [2, 1, 4, 3], [4, 3, 2, 2]]
+    assert conflicts(grid) == ["row 4", "column 4", "bottom-right box"]
+    text = feedback(f"<answer>\n{format_grid(grid)}\n</answer>", [[0] * 4 for _ in range(4)])
+    assert text == "Not solved: these do not hold 1-4 exactly once: row 4, column 4, bottom-right box. Try again."
