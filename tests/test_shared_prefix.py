@@ -5,6 +5,7 @@ different lengths in one group."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -104,3 +105,91 @@ def test_selective_logprobs_is_log_softmax_and_its_gradient():
     (g_want,) = torch.autograd.grad(want.sum(), logits)
     (g_got,) = torch.autograd.grad(got.sum(), logits)
     assert torch.allclose(g_got, g_want, atol=1e-6)
+
+
+def sliced_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float, rows: int) -> torch.Tensor:
+    """``selective_logprobs`` as it was: a slice of ``logits`` per part (one backward node each)."""
+    from torch.utils.checkpoint import checkpoint
+
+    from trainers.rl.logprobs import _chosen_logprobs
+
+    return torch.cat([checkpoint(_chosen_logprobs, logits[i:i + rows], ids[i:i + rows], temperature,
+                                 use_reentrant=False) for i in range(0, logits.shape[0], rows)])
+
+
+def backward_nodes(out: torch.Tensor) -> list[str]:
+    """The names of every node of ``out``'s backward graph."""
+    seen, todo, names = set(), [out.grad_fn], []
+    while todo:
+        node = todo.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        names.append(type(node).__name__)
+        todo += [n for n, _ in node.next_functions]
+    return names
+
+
+def test_selective_logprobs_takes_one_split_and_is_bit_identical_to_slicing():
+    logits = torch.randn(9, 6, 50, requires_grad=True)
+    ids = torch.randint(0, 50, (9, 6))
+    got, want = selective_logprobs(logits, ids, 0.7, rows=2), sliced_logprobs(logits, ids, 0.7, rows=2)
+    assert torch.equal(got, want)  # fp32: the same sums in the same order
+    weights = torch.randn(9, 6)
+    (g_got,) = torch.autograd.grad((got * weights).sum(), logits)
+    (g_want,) = torch.autograd.grad((want * weights).sum(), logits)
+    assert torch.equal(g_got, g_want)
+    nodes = backward_nodes(selective_logprobs(logits, ids, 0.7, rows=2))
+    assert nodes.count("SplitBackward0") == 1 and "SliceBackward0" not in nodes, nodes
+    assert backward_nodes(sliced_logprobs(logits, ids, 0.7, rows=2)).count("SliceBackward0") == 5  # what it replaced
+
+
+def test_a_model_that_ignores_logits_to_keep_gets_the_same_logprobs(tiny_tokenizer):
+    """Its prompt pass returns every position's logits ([K, P, V]); only the last may score the first tokens."""
+    model = model_of("llama", "sdpa", tiny_tokenizer)
+    ignoring = copy.deepcopy(model)
+    forward = ignoring.forward
+    ignoring.forward = lambda *a, logits_to_keep=0, **k: forward(*a, **k)  # every position, whatever is asked
+    prompts, completions = groups(len(tiny_tokenizer))
+    batch = group(prompts, completions, 0)
+    with torch.no_grad():
+        assert ignoring(input_ids=batch.prompt_ids, logits_to_keep=1).logits.shape[1] == batch.prompt_ids.shape[1]
+        want, got = token_logprobs(model, batch), token_logprobs(ignoring, batch)
+    assert got.shape == want.shape and torch.equal(got, want)
+
+
+def legacy_cache(trunk) -> None:
+    """Make ``trunk`` return its cache as transformers < 4.56 did: lists of keys and values, no ``layers``."""
+    from types import SimpleNamespace
+
+    forward = trunk.forward
+
+    def old_forward(*a, **k):
+        out = forward(*a, **k)
+        if out.past_key_values is not None:
+            cache = out.past_key_values
+            out.past_key_values = SimpleNamespace(key_cache=[layer.keys for layer in cache.layers],
+                                                  value_cache=[layer.values for layer in cache.layers])
+        return out
+
+    trunk.forward = old_forward
+
+
+def test_a_cache_without_layers_falls_back_to_one_row_per_response(tiny_tokenizer):
+    """Where ``Cache.layers`` is missing (transformers < 4.56, a model's own cache) the grouped batch
+    is computed one row per response: the padded layout's numbers and gradients, and a warning."""
+    model = model_of("llama", "sdpa", tiny_tokenizer).train()
+    old = copy.deepcopy(model)
+    legacy_cache(old.model)  # the causal LM passes on its trunk's cache
+    prompts, completions = groups(len(tiny_tokenizer))
+    rows, grouped = pad(prompts, completions, 0), group(prompts, completions, 0)
+    results = {}
+    for name, net, batch in (("rows", model, rows), ("fallback", old, grouped)):
+        with pytest.warns(UserWarning, match="computed on its own row") if net is old else contextlib.nullcontext():
+            logp, states = token_logprobs(net, batch, temperature=0.7, hidden=True)
+            critic = completion_states(net.model, batch)
+        (logp * batch.mask).sum().backward()
+        results[name] = logp.detach(), states.detach(), critic.detach(), [p.grad for p in net.parameters()]
+    (lp_a, st_a, cr_a, g_a), (lp_b, st_b, cr_b, g_b) = results["rows"], results["fallback"]
+    assert torch.equal(lp_a, lp_b) and torch.equal(st_a, st_b) and torch.equal(cr_a, cr_b)
+    assert all(torch.equal(a, b) for a, b in zip(g_a, g_b))

@@ -21,7 +21,10 @@ or more: consecutive rows with the same prompt ids). Two forward passes instead 
 A group of G responses then costs P + G T tokens of forward and backward instead of G (P + T): on
 rg/ tasks (122 prompt tokens, <= 64 completion tokens, G = 8) 634 instead of 1,488. It runs on any
 Hugging Face causal LM that takes ``past_key_values`` (its own attention: eager, SDPA, CUDA's),
-but not under transformers' activation checkpointing, which drops the cache.
+but not under transformers' activation checkpointing, which drops the cache. A model whose cache
+has no per-layer keys and values (``Cache.layers``, transformers >= 4.56; a model's own cache
+class) gets the padded layout instead, with a warning: the same numbers, without the saving. A
+model that ignores ``logits_to_keep`` has its prompt logits cut to the last position here.
 
 The log-softmax is never materialised over the vocabulary for every position at once: the chosen
 token's logit minus a logsumexp, a few rows at a time, recomputed in the backward pass
@@ -31,6 +34,7 @@ token's logit minus a logsumexp, a few rows at a time, recomputed in the backwar
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -154,12 +158,14 @@ def _chosen_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float
 def selective_logprobs(logits: torch.Tensor, ids: torch.Tensor, temperature: float = 1.0,
                        rows: int = LOGSOFTMAX_ROWS) -> torch.Tensor:
     """``log softmax(logits / temperature)`` at ``ids``, fp32, ``[B, T]``: ``rows`` rows at a time;
-    with gradients, each slice is recomputed in the backward pass (only ``logits`` stays alive, not
-    an fp32 copy, the tempered copy and the softmax of every position)."""
+    with gradients, each part is recomputed in the backward pass (only ``logits`` stays alive, not
+    an fp32 copy, the tempered copy and the softmax of every position). The parts come from one
+    ``split``, one backward node that writes each part's gradient into one tensor the size of
+    ``logits``; slicing ``logits[i:i + rows]`` in a loop made one node per part, each zero-filling a
+    gradient the size of the whole ``logits``."""
     grad = torch.is_grad_enabled() and logits.requires_grad
-    parts = [checkpoint(_chosen_logprobs, logits[i:i + rows], ids[i:i + rows], temperature, use_reentrant=False)
-             if grad else _chosen_logprobs(logits[i:i + rows], ids[i:i + rows], temperature)
-             for i in range(0, logits.shape[0], rows)]
+    parts = [checkpoint(_chosen_logprobs, x, i, temperature, use_reentrant=False) if grad
+             else _chosen_logprobs(x, i, temperature) for x, i in zip(logits.split(rows), ids.split(rows))]
     return torch.cat(parts)
 
 
@@ -191,13 +197,46 @@ def _prompt_pass(model, batch: Grouped, **kwargs):
                  **kwargs)
 
 
+def _last_logits(model, batch: Grouped, **kwargs):
+    """Pass 1 and the logits of each prompt's last position, ``[K, 1, V]``: a model that ignores
+    ``logits_to_keep`` (or does not take it) returns every position's, which would otherwise be
+    broadcast against the completions' first tokens."""
+    try:
+        out = _prompt_pass(model, batch, logits_to_keep=1, **kwargs)
+    except TypeError:  # a model without logits_to_keep
+        out = _prompt_pass(model, batch, **kwargs)
+    return out, out.logits[:, -1:]  # prompts are left-padded: the last column is every prompt's last token
+
+
+def has_layers(cache) -> bool:
+    """Whether ``cache`` holds per-layer keys and values the completions can be run on
+    (``Cache.layers``, transformers >= 4.56; not a model's own cache class, nor a cache dropped by
+    activation checkpointing)."""
+    layers = getattr(cache, "layers", None)
+    return bool(layers) and all(getattr(layer, "keys", None) is not None for layer in layers)
+
+
+def as_padded(batch: Grouped) -> Padded:
+    """The same responses one row each, each completion after its own prompt (the layout a model
+    whose cache the shared prefix cannot use gets; the same numbers)."""
+    attention = torch.cat([batch.prompt_mask[batch.group], batch.mask.long()], dim=1)
+    return Padded(torch.cat([batch.prompt_ids[batch.group], batch.completion_ids], dim=1), attention,
+                  (attention.cumsum(-1) - 1).clamp(min=0), batch.completion_ids, batch.mask, batch.prompt_ids.shape[1])
+
+
+def _fall_back(cache) -> bool:
+    """Whether the shared prefix cannot use ``cache`` (warned once per process)."""
+    if has_layers(cache):
+        return False
+    warnings.warn(f"the shared prefix needs the model's key/value cache as transformers' Cache with per-layer keys "
+                  f"and values (transformers >= 4.56); this model returned {type(cache).__name__}: each response is "
+                  f"computed on its own row instead (the same numbers, without the saving)", stacklevel=3)
+    return True
+
+
 def _cache_rows(cache, rows: torch.Tensor):
     """A copy of the prompts' ``cache`` holding the rows ``rows`` of every layer (``index_select``:
     its backward adds each completion's gradient to its prompt's); ``cache`` itself is unchanged."""
-    if not getattr(cache, "layers", None) or any(getattr(layer, "keys", None) is None for layer in cache.layers):
-        raise RuntimeError("the shared prefix needs the model to return its key/value cache as transformers' Cache "
-                           "(per-layer keys and values; transformers >= 4.56, no activation checkpointing): use "
-                           "--shared-prefix off")
     picked = copy.copy(cache)
     picked.layers = []
     for layer in cache.layers:
@@ -237,8 +276,10 @@ def _in_row_order(parts: list[torch.Tensor], rows: list[torch.Tensor], width: in
 def _grouped_logprobs(model, batch: Grouped, temperature: float, hidden: bool):
     T, parts = batch.width, buckets(batch)
     with compute_context(model):
-        prompts = _prompt_pass(model, batch, logits_to_keep=1, output_hidden_states=hidden)
-        first = selective_logprobs(prompts.logits[batch.group], batch.completion_ids[:, :1], temperature)
+        prompts, last = _last_logits(model, batch, output_hidden_states=hidden)
+        if _fall_back(prompts.past_key_values):
+            return token_logprobs(model, as_padded(batch), temperature, hidden)
+        first = selective_logprobs(last[batch.group], batch.completion_ids[:, :1], temperature)
         rest, states = [], []
         for rows in parts:
             out, width = _completion_pass(model, batch, prompts.past_key_values, rows, output_hidden_states=hidden)
@@ -257,7 +298,10 @@ def completion_states(trunk, batch: Padded | Grouped):
     same positions as ``token_logprobs(..., hidden=True)``)."""
     with compute_context(trunk):
         if isinstance(batch, Grouped):
-            prompts, parts = _prompt_pass(trunk, batch), buckets(batch)
+            prompts = _prompt_pass(trunk, batch)
+            if _fall_back(prompts.past_key_values):
+                return completion_states(trunk, as_padded(batch))
+            parts = buckets(batch)
             rest = [_completion_pass(trunk, batch, prompts.past_key_values, rows)[0].last_hidden_state for rows in parts]
             return torch.cat([prompts.last_hidden_state[batch.group, -1:], _in_row_order(rest, parts, batch.width - 1)],
                              dim=1)
