@@ -288,9 +288,9 @@ def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any
                cache: Cache) -> list[float]:
     """Per-response mean k3 KL[model || base] of the entry's responses, both models at the sampling
     temperature (cached)."""
-    from eval.kl import response_kl
+    from eval.kl import kl_batch_size, kl_cache_key, response_kl
 
-    key = cache_key(kind="kl", generation=gen_key, base=base.fingerprint, temperature=cfg.temperature)
+    key = kl_cache_key(gen_key, base.fingerprint, base.runtime, cfg.temperature, cfg.batch_size)
     hit = cache.get(key)
     if hit is not None:
         return hit["kl"]
@@ -300,8 +300,8 @@ def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any
         lm, tokenizer = model.get()
         prompts = encode_prompts(tokenizer, [e.prompt for e in examples])  # rows are prompt-major
         kl = response_kl(lm, base.get()[0], [prompts[i // cfg.samples] for i in range(len(entry["rows"]))],
-                         [r["token_ids"] for r in entry["rows"]], min(cfg.batch_size, 8), tokenizer.pad_token_id or 0,
-                         cfg.temperature)
+                         [r["token_ids"] for r in entry["rows"]], kl_batch_size(cfg.batch_size),
+                         tokenizer.pad_token_id or 0, cfg.temperature)
     cache.put(key, {"kl": kl})
     return kl
 

@@ -16,11 +16,34 @@ harness refuses KL for them.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from trainers.rl.logprobs import batch_of, token_logprobs
+from eval.cache import cache_key
+from trainers.rl.logprobs import LENGTH_BUCKETS, batch_of, token_logprobs
 from trainers.rl.losses import kl_k3
+
+#: Responses per forward pass at most (the evaluation's ``--batch-size`` when smaller).
+KL_BATCH = 8
+
+
+def kl_batch_size(batch_size: int) -> int:
+    """Responses per forward pass for an evaluation's ``--batch-size``."""
+    return min(batch_size, KL_BATCH)
+
+
+def kl_cache_key(generation: str, base: str, base_runtime: dict[str, str], temperature: float,
+                 batch_size: int) -> str:
+    """The cache key of the KL of the responses ``generation`` names (its key holds the model's
+    fingerprint, device, dtype and engine) to the ``base`` fingerprint: everything else that changes
+    the numbers too. The base's device and dtype; the temperature; the forward passes' batch size,
+    which decides which responses share a pass and so the layout (the shared prefix for the samples
+    of one prompt in one pass, else one padded row each; in bf16 the two differ by up to ~0.015 nats
+    per token) and the padding; and the layout's length buckets."""
+    layout: dict[str, Any] = {"batch_size": kl_batch_size(batch_size), "length_buckets": LENGTH_BUCKETS}
+    return cache_key(kind="kl", generation=generation, base=base, base_runtime=base_runtime, temperature=temperature,
+                     layout=layout)
 
 
 def k3(logp_base: torch.Tensor, logp_model: torch.Tensor) -> torch.Tensor:

@@ -396,3 +396,29 @@ def test_plots_are_written(tmp_path):
         assert f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and f.stat().st_size > 10_000
     gains = plot.improvements(harness.load_results([str(RESULTS)]))
     assert gains["Countdown-v0 (test)"]["SmolLM2-135M-Instruct (Q4_1 GGUF)"]["ES"] == pytest.approx(1.9)
+
+
+def test_the_kl_cache_key_holds_what_changes_the_kl(tmp_path):
+    """The KL's forward passes' batch size decides which samples share a pass (the layout): another
+    batch size, base dtype or temperature is another key; an evaluation batch that gives the same
+    KL batch is the same key."""
+    from types import SimpleNamespace
+
+    from eval.cache import Cache
+    from eval.harness import measure_kl
+    from eval.kl import kl_cache_key
+
+    fp32 = {"device": "cpu", "dtype": "float32"}
+    key = kl_cache_key("gen", "base", fp32, 1.0, 8)
+    assert key == kl_cache_key("gen", "base", fp32, 1.0, 32)  # both run passes of 8
+    assert len({key, kl_cache_key("gen", "base", fp32, 1.0, 4), kl_cache_key("gen", "base", fp32, 0.7, 8),
+                kl_cache_key("gen", "base", {"device": "cpu", "dtype": "bfloat16"}, 1.0, 8),
+                kl_cache_key("gen", "other", fp32, 1.0, 8), kl_cache_key("other", "base", fp32, 1.0, 8)}) == 6
+    # the harness asks for that key: a KL cached at batch size 8 is not served to batch size 4
+    cache = Cache(tmp_path)
+    cache.put(key, {"kl": [9.0]})
+    same = SimpleNamespace(fingerprint="base", runtime=fp32)  # a model against itself: 0 when computed
+    entry = {"rows": [{"token_ids": [1]}]}
+    cfg = lambda batch: SimpleNamespace(temperature=1.0, batch_size=batch, samples=1)  # noqa: E731
+    assert measure_kl(same, same, [], entry, "gen", cfg(8), cache) == [9.0]
+    assert measure_kl(same, same, [], entry, "gen", cfg(4), cache) == [0.0]
