@@ -93,7 +93,10 @@ def test_buckets_and_columns():
 
 def test_the_fixed_shape_path_is_cudas_default_and_graphs_need_cuda(tiny_model, tiny_tokenizer):
     assert NativeEngine(tiny_model, tiny_tokenizer).static is None  # CPU: compaction stays the default
-    assert NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=True).static.graphs is False
+    eager = NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=True)
+    assert eager.static.graphs is False
+    eager.generate(PROMPTS[:3], 4)
+    assert eager.static.buffers is None  # without graphs nothing is held between calls
     with pytest.raises(ValueError, match="CUDA graphs need"):
         NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=True, graphs=True)
 
@@ -204,3 +207,20 @@ def test_finished_rows_are_masked_and_the_wave_ends_when_all_are_done(tiny_model
     assert len(steps) - 1 < static.SYNC_EVERY  # stopped at the first look after all were done
     assert progress[-1] == (5, 5)
     assert all(n == 40 for n in engine.generate(rows, 40, min_new_tokens=40).num_tokens)
+
+
+def test_under_autocast_the_step_runs_with_the_weight_cache_off(tiny_model, tiny_tokenizer, fake_graphs):
+    """The RL policy (fp32 weights, bf16 compute): the fixed-shape step at bf16, captured with
+    autocast's weight cache off, gives the compacting path's tokens under the same autocast."""
+    rows = PROMPTS[:6]
+    compacting = NativeEngine(tiny_model, tiny_tokenizer, compute_dtype=torch.bfloat16)
+    fixed = NativeEngine(tiny_model, tiny_tokenizer, compute_dtype=torch.bfloat16, fixed_shapes=True)
+    fixed.static.graphs = True
+    with fixed._autocast():
+        assert not torch.is_autocast_cache_enabled()
+    with compacting._autocast():
+        assert torch.is_autocast_cache_enabled()
+    members = members_of(tiny_model, [1, 2, 3])
+    for kw in ({}, {"perturbation": members}):
+        assert fixed.generate(rows, 12, **kw).token_ids == compacting.generate(rows, 12, **kw).token_ids
+    assert fixed.static.buffers.cache.k.dtype == torch.bfloat16 and fake_graphs

@@ -26,9 +26,9 @@ class NativeEngine(ModelWeightsEngine):
 
     ``compact``: finished rows leave the batch (off only in tests, to compare). ``fixed_shapes``:
     decode at fixed shapes instead (``static.py``: static buffers, batch-size buckets, finished
-    rows masked); default on CUDA, where its step runs as CUDA graphs (``graphs``, default: on CUDA
-    without autocast, unless ``LLM_ENVS_CUDA_GRAPHS=0``). On CPU compaction stays the default:
-    there a step's kernels cost more than their launches, and finished rows leaving saves work."""
+    rows masked), with the step captured as CUDA graphs (``graphs``). Both default to on CUDA
+    (unless ``LLM_ENVS_CUDA_GRAPHS=0``), off elsewhere: on a CPU a step's kernels cost far more
+    than their launches, and finished rows leaving the batch saves work."""
 
     name = "native"
     schedules_rows = True
@@ -44,8 +44,8 @@ class NativeEngine(ModelWeightsEngine):
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
         self.compact = compact
         cuda = self.device.type == "cuda"
-        fixed = cuda if fixed_shapes is None else fixed_shapes
-        graphs = fixed and cuda and not self.autocast and graphs_wanted() if graphs is None else graphs
+        fixed = cuda and graphs_wanted() if fixed_shapes is None else fixed_shapes
+        graphs = fixed and cuda if graphs is None else graphs
         if graphs and not (fixed and cuda):
             raise ValueError("--engine native: CUDA graphs need the fixed-shape path on a CUDA device")
         self.static = FixedShapes(self.decoder, graphs) if fixed else None
@@ -94,6 +94,8 @@ class NativeEngine(ModelWeightsEngine):
         finally:
             if bar is not None:
                 bar.close()
+            if self.static is not None and not self.static.graphs:
+                self.static.release()  # kept across calls only for the graphs that read them
         return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings)
 
     def _wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
@@ -150,6 +152,13 @@ class NativeEngine(ModelWeightsEngine):
             pos[:live] += 1
         tracker.batch_done()
         return generated.tolist()
+
+    def _autocast(self):
+        """As the base class's, but with autocast's weight cache off when the step is a CUDA graph
+        (capture-safe: each replay casts the weights itself, as ``torch.cuda.graph`` asks)."""
+        if self.autocast and self.static is not None and self.static.graphs:
+            return torch.autocast(self.device.type, dtype=self.compute_dtype, cache_enabled=False)
+        return super()._autocast()
 
     def close(self) -> None:
         if self.static is not None:

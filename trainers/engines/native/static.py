@@ -24,9 +24,11 @@ step touches keeps its shape and its address from one step, and one call, to the
   members or not), captured at its first use and replayed after: a thin layer over the step, so
   the CPU tests run every line of this path but the capture. Dropped when the model's tensors move
   (the model moved, cast or reloaded), when the buffers grow, or when the members' layout changes
-  (another population size or rank). Not used under autocast (fp32 weights computing in bf16,
-  the RL policy): the graph would recast every weight at every step; that step runs eagerly.
-  ``LLM_ENVS_CUDA_GRAPHS=0`` turns them off (the fixed-shape step then runs eagerly).
+  (another population size or rank). Under autocast (the RL policy: fp32 weights computing in
+  bf16) autocast's weight cache is off (``NativeEngine._autocast``; a cached cast would be made
+  inside one capture and freed after it), so each replay casts the weights it reads: more memory
+  traffic than bf16 weights, still no launches. ``LLM_ENVS_CUDA_GRAPHS=0`` turns the path off on
+  CUDA (the engine then decodes eagerly, compacting, as on CPU).
 
 Prefill stays eager (its shape follows the prompts): one SDPA pass over the left-padded prompts of
 every slot. Sampling runs eagerly on each step's logits, one random stream per row as ever.
