@@ -27,15 +27,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
 from trainers.common.hardware import describe
-from trainers.common.models import DTYPE_CHOICES, dtype_name, model_fingerprint, resolve_device, resolve_dtype
+from trainers.common.models import model_fingerprint, resolve_device
+from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype, resolve_dtype
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
@@ -75,7 +74,8 @@ class EvalConfig(EngineOptions):
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
     dtype: str | None = field(default="auto", metadata={
         "help": "fp32 / bf16 weights; auto = the compute dtype a trainer run recorded (its runtime.jsonl), else bf16 "
-                "on CUDA and on a CPU with bf16 matrix units, fp32 elsewhere", "choices": DTYPE_CHOICES})
+                "on a CUDA GPU that supports it and, on CPU, whichever a short probe of the model's layer shapes "
+                "measured faster (cached; trainers/common/precision.py)", "choices": DTYPE_CHOICES})
     cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers); None = the env's"})
 
@@ -120,7 +120,7 @@ def run_dtype(model: str) -> str | None:
     except (FileNotFoundError, OSError, ValueError):
         return None
     recorded = recorded_dtype(spec.run) if spec.run else None
-    return dtype_name(resolve_dtype(recorded, torch.device("cpu"))) if recorded else None
+    return dtype_name(parse_dtype(recorded)) if recorded else None
 
 
 def run_engine(model: str) -> str | None:
@@ -145,7 +145,7 @@ class LazyModel:
         self._engine = None
         try:
             self.device = resolve_device(device)
-            self.dtype = resolve_dtype(dtype, self.device)
+            self.dtype = resolve_dtype(dtype, self.device, path)
         except ValueError as exc:  # an unavailable device, an unknown dtype
             raise ConfigError(str(exc)) from None
         self._loaded: tuple[Any, Any] | None = None

@@ -1,11 +1,15 @@
-"""bf16: what ``--dtype auto`` resolves to (the CPU's bf16 units simulated), and the bf16 path
-(fp32 masters, bf16 compute) of every engine and trainer on tiny models, forced with ``--dtype bf16``
-so that it runs on any CPU (only its speed needs bf16 units: ``benchmarks.precision``,
-``es_speed --dtype fp32 bf16``, ``rl_speed``)."""
+"""Precision: what ``--dtype auto`` decides (the CPU probe's outcome simulated both ways, its cache,
+the environment override, CUDA), that a run records it and keeps its dtype on resume (another
+``--dtype`` refused before anything is written), and the bf16 path (fp32 masters, bf16 compute) of
+every engine and trainer on tiny models, forced with ``--dtype bf16`` so that it runs on any CPU
+(only its speed depends on the CPU: ``benchmarks.precision``, ``rl_speed``). That bf16 compute
+happened is observed (``benchmarks.compute_dtypes``: the dtype matrix products produce), never
+taken from the flag."""
 
 from __future__ import annotations
 
 import copy
+import hashlib
 import importlib.util
 import json
 from pathlib import Path
@@ -15,11 +19,12 @@ import torch
 from safetensors.torch import load_file
 
 import llm_envs
+from benchmarks.compute_dtypes import MatmulDtypes
 from conftest import build_tiny_model
 from trainers import es, grpo, ppo
-from trainers.common import hardware
-from trainers.common.config import settle_dtype
-from trainers.common.models import default_dtype, resolve_dtype, save_model
+from trainers.common import hardware, precision
+from trainers.common.models import load_model, save_model
+from trainers.common.precision import resolve_dtype
 from trainers.engines import make_engine
 from trainers.engines.generation import encode_prompts
 from trainers.rl.logprobs import pad, token_logprobs
@@ -27,6 +32,7 @@ from trainers.rl.logprobs import pad, token_logprobs
 HAVE_VLLM = importlib.util.find_spec("vllm") is not None
 ENGINES = ["hf", "native", *["vllm"] * HAVE_VLLM]
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
+CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module")
@@ -40,21 +46,78 @@ def model32_dir(model32, tiny_tokenizer, tmp_path_factory):
     return save_model(model32, tiny_tokenizer, tmp_path_factory.mktemp("tiny32"))
 
 
-def test_auto_follows_the_cpus_bf16_units(monkeypatch):
-    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+def fake_probe(fp32_ms: float, bf16_ms: float, calls: list | None = None):
+    """A probe that measured these times at both batches (and counts its calls)."""
+
+    def probe(shape, threads=None, seconds=None, margin=precision.MARGIN):
+        if calls is not None:
+            calls.append((dict(shape), threads))
+        ms = {b: {"fp32": fp32_ms, "bf16": bf16_ms} for b in ("generation", "training")}
+        dtype, ratio = precision.choose(ms, margin)
+        return {"dtype": dtype, "ratio": ratio, "margin": margin, "threads": threads, "shape": shape, "ms": ms}
+
+    return probe
+
+
+@pytest.fixture
+def measuring(monkeypatch, tmp_path):
+    """``auto`` measured (no override) with a fresh cache; ``measuring(fp32_ms, bf16_ms)`` sets
+    what the probe finds and returns the list of its calls."""
     monkeypatch.delenv(hardware.FORCE_ENV, raising=False)
-    for amx, avx512_bf16, units in ((False, False, None), (True, True, "amx"), (False, True, "avx512_bf16")):
-        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
-        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
-        assert hardware.cpu_bf16_units() == units
-        assert default_dtype(cpu) == (torch.bfloat16 if units else torch.float32)
-        assert resolve_dtype("auto", cpu) == resolve_dtype(None, cpu) == default_dtype(cpu)
-    monkeypatch.setenv(hardware.FORCE_ENV, "0")  # what the test suite sets: a CPU without bf16 units
-    assert hardware.cpu_bf16_units() is None and default_dtype(cpu) == torch.float32
-    assert default_dtype(cuda) == torch.bfloat16 and resolve_dtype("fp32", cuda) == torch.float32
-    assert "bf16 units: none" in hardware.machine_line(cpu) and hardware.describe(cpu)["cpu"]
+    monkeypatch.setenv("LLM_ENVS_CACHE", str(tmp_path / "cache"))
+
+    def set_times(fp32_ms: float, bf16_ms: float) -> list:
+        calls: list = []
+        monkeypatch.setattr(precision, "probe", fake_probe(fp32_ms, bf16_ms, calls))
+        return calls
+
+    return set_times
+
+
+def test_auto_on_cpu_picks_what_the_probe_measured_faster_and_fp32_wins_ties(measuring, tiny_model):
+    threads = torch.get_num_threads()  # the threads the run will use
+    calls = measuring(10.0, 5.0)  # bf16 twice as fast
+    first = precision.decide(CPU, tiny_model)
+    assert (first.dtype, first.how, first.probe["ratio"]) == ("bf16", "measured", 2.0)
+    assert calls == [({"hidden": 64, "intermediate": 128, "heads": 4, "kv_heads": 2, "head_dim": 16}, threads)]
+    measuring(5.0, 10.0)  # the cache answers now, whatever the probe would say
+    again = precision.decide(CPU, tiny_model)
+    assert (again.dtype, again.how, again.probe["ms"]) == ("bf16", "cached", first.probe["ms"])
+    assert resolve_dtype("auto", CPU, tiny_model) == torch.bfloat16
+    assert precision.decide(CPU, tiny_model, threads=threads + 1).dtype == "fp32"  # other threads: measured again
+    assert precision.decide(CPU, None).dtype == "fp32"  # another shape too
+    measuring(10.0, 9.0)  # bf16 1.11x faster: below the margin, fp32 wins
+    near = precision.decide(CPU, {"hidden_size": 32, "num_attention_heads": 2})
+    assert (near.dtype, near.how) == ("fp32", "measured") and near.probe["ratio"] < precision.MARGIN
+    assert "fp32 (measured: bf16 1.11x fp32's speed < 1.15x" in near.line()
+    assert precision.choose({"a": {"fp32": 4.0, "bf16": 1.0}, "b": {"fp32": 1.0, "bf16": 1.0}})[1] == 2.0  # geomean
+
+
+def test_the_environment_forces_auto_either_way_without_a_probe(monkeypatch):
+    monkeypatch.setattr(precision, "probe", lambda *a, **k: pytest.fail("forced: no probe"))
+    for value, dtype in (("1", "bf16"), ("0", "fp32")):
+        monkeypatch.setenv(hardware.FORCE_ENV, value)
+        decision = precision.decide(CPU)
+        assert (decision.dtype, decision.how) == (dtype, f"forced by {hardware.FORCE_ENV}={value}")
+        assert f"--dtype auto: {dtype} (forced" in precision.header_line(CPU)
+    assert resolve_dtype("bf16", CPU) == torch.bfloat16 and resolve_dtype(torch.float16, CPU) == torch.float16
     with pytest.raises(ValueError, match="invalid dtype 'fp8'"):
-        resolve_dtype("fp8", cpu)
+        resolve_dtype("fp8", CPU)
+
+
+def test_cuda_auto_is_bf16_where_the_gpu_supports_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for supported, dtype in ((True, "bf16"), (False, "fp32")):
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda v=supported: v)
+        assert (precision.decide("cuda").dtype, precision.decide("cuda").how) == (dtype, "cuda")
+
+
+def test_the_real_probe_times_both_dtypes_at_both_batches():
+    shape = {"hidden": 32, "intermediate": 64, "heads": 4, "kv_heads": 2, "head_dim": 8}
+    result = precision.probe(shape, threads=1, seconds=0.05)
+    assert set(result["ms"]) == {"generation", "training"} and result["rounds"] >= 2
+    assert all(t["fp32"] > 0 and t["bf16"] > 0 for t in result["ms"].values())
+    assert result["dtype"] == precision.choose(result["ms"])[0] and result["threads"] == 1
 
 
 def es_args(model_dir, out, *extra):
@@ -67,19 +130,55 @@ def runtime_of(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "runtime.jsonl").read_text().splitlines()]
 
 
-def test_a_run_records_its_dtype_and_machine_and_keeps_it_on_resume(tmp_path, tiny_model_dir, monkeypatch):
+def test_a_run_records_the_measured_decision_and_a_plain_resume_keeps_its_dtype(tmp_path, tiny_model_dir, measuring,
+                                                                               one_thread):
     out = tmp_path / "run"
-    es.main(es_args(tiny_model_dir, out))  # auto, on a CPU "without bf16 units" (conftest)
+    measuring(10.0, 5.0)  # this machine: bf16 faster
+    es.main(es_args(tiny_model_dir, out))
     [record] = runtime_of(out)
-    assert (record["dtype"], record["weights"], record["machine"]["cpu_bf16_units"]) == ("float32", "float32", "none")
-    assert "dtype: fp32" in (out / "config.yaml").read_text()  # what ran, not "auto"
-    monkeypatch.setenv(hardware.FORCE_ENV, "1")  # resumed on a machine with bf16 units ...
-    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)
-    cfg = es.resolve(["--resume", str(out)])
-    cfg.dtype = "auto"  # ... by a config that says auto: the run keeps the dtype it started in
-    assert settle_dtype(cfg, torch.device("cpu")) == torch.float32 and cfg.dtype == "fp32"
-    fresh = es.resolve(es_args(tiny_model_dir, tmp_path / "new"))
-    assert settle_dtype(fresh, torch.device("cpu")) == torch.bfloat16  # a new run takes the machine's
+    assert (record["dtype"], record["weights"]) == ("bfloat16", "bfloat16")
+    assert record["precision"]["how"] == "measured" and record["precision"]["probe"]["ms"]["training"]["bf16"] == 5.0
+    assert "dtype: bf16" in (out / "config.yaml").read_text()  # what ran, not "auto"
+    calls = measuring(5.0, 10.0)  # the probe would now pick fp32: a resumed run keeps bf16 anyway
+    es.main(["--resume", str(out), "--iterations", "3"])
+    first, resumed = runtime_of(out)
+    assert (resumed["dtype"], resumed["precision"]["how"], calls) == ("bfloat16", "resumed", [])
+
+
+def snapshot(run: Path) -> dict[str, str]:
+    """Every file of a run directory and a hash of its bytes."""
+    return {str(p.relative_to(run)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(run.rglob("*"))
+            if p.is_file()}
+
+
+@pytest.mark.parametrize("first, other", [("fp32", "bf16"), ("bf16", "fp32")])
+def test_a_resume_with_another_dtype_is_refused_before_anything_is_written(first, other, tmp_path, tiny_model_dir,
+                                                                           kill_on_call, capsys, one_thread):
+    out = tmp_path / "run"
+    with kill_on_call(es, "update_weights", 3):  # killed in iteration 3, after checkpoint 2
+        es.main(es_args(tiny_model_dir, out, "--dtype", first, "--iterations", "4"))
+    before, config = snapshot(out), (out / "config.yaml").read_bytes()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        es.main(["--resume", str(out), "--dtype", other])
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and f"--dtype {other}" in error and f"computes in {first}" in error, error
+    assert (out / "config.yaml").read_bytes() == config and snapshot(out) == before
+    es.main(["--resume", str(out)])  # the plain resume still works
+    log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in log if "reward_mean" in r] == [1, 2, 3, 4] and (out / "final").is_dir()
+    assert {r["dtype"] for r in runtime_of(out)} == {"float32" if first == "fp32" else "bfloat16"}
+
+
+def test_an_rl_resume_with_another_dtype_is_refused(tmp_path, tiny_model_dir, capsys, one_thread):
+    out = tmp_path / "run"
+    grpo.main(["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--steps", "1", "--batch-size",
+               "2", "--group-size", "2", "--eval-every", "0", "--checkpoint-every", "1", "--dtype", "fp32"])
+    before = snapshot(out)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        grpo.main(["--resume", str(out), "--steps", "2", "--dtype", "bf16"])
+    assert "--dtype bf16" in capsys.readouterr().err and snapshot(out) == before
 
 
 @pytest.mark.parametrize("noise", ["full", "lowrank"])

@@ -34,8 +34,6 @@ on any number of processes, and it resumes on any number (``docs/scale-out.md``:
 from __future__ import annotations
 
 import ctypes
-import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -48,12 +46,16 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers.common import distributed
-from trainers.common.budget import Budget
 from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_dtype, to_dict
+from trainers.common.es_start import start_lines
+from trainers.common.held_out import HeldOut
+from trainers.common.masters import load_masters, masters_of, weights_of_record
 from trainers.common.models import load_model, resolve_device, save_model
+from trainers.common.precision import needs_masters
 from trainers.common.progress import RunClock, evaluations_left, options
-from trainers.common.rollout import batch_for, eval_examples, evaluate, rollout
-from trainers.common.run_dir import TENSORS_FILE, RunDir, read_jsonl, summarize
+from trainers.common.rollout import batch_for, eval_examples, rollout
+from trainers.common.run_dir import RunDir, summarize
+from trainers.common.update_log import UpdateLog, check_noise_device
 from trainers.common.splits import training_env
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
 from trainers.engines.bars import bar
@@ -73,9 +75,6 @@ PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
     "ARC-AGI-v0": dict(population=50, sigma=1e-3, alpha=3e-4, iterations=1500),
 }
 GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
-#: Below this sigma a full-rank member cast to bf16 loses a noticeable part of its perturbation
-#: (``benchmarks.perturbation_cast``: correlation 0.93 at 1e-3, 0.81 at 5e-4 on SmolLM2): ES warns.
-BF16_FULL_RANK_SIGMA = 1e-3
 #: Keeps members' sample seeds apart from every other use of the run seed.
 SAMPLE_STREAM = 0x5A3D
 
@@ -296,11 +295,12 @@ def engine_for(cfg: ESConfig, model) -> EngineOptions:
 def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:
     """What ES perturbs and updates: every parameter (full) or the linear layers' weights
     (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
+    masters = needs_masters(next(model.parameters()).dtype, cfg.fp32_master)
     if cfg.noise == "lowrank":
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
         lowrank.check_rows(model, layers)
-        return fullrank.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
-    return fullrank.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
+        return fullrank.Params([(l.name, l.weight) for l in layers], masters), layers
+    return fullrank.Params(select_params(model, cfg.param_filter), masters), None
 
 
 def update_weights(cfg: ESConfig, params: fullrank.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
@@ -332,53 +332,6 @@ def release_freed_buffers() -> None:
         pass
 
 
-NOISE_DEVICE_FILE = "noise_device.json"
-
-
-def check_noise_device(run_dir: Path, device: torch.device, write: bool = False) -> None:
-    """CPU and CUDA random generators give different noise for the same seed, so a run's seeds
-    rebuild its weights only on the kind of device that generated them: record it on the first
-    start; refuse to resume or replay a run on the other kind."""
-    path = Path(run_dir) / NOISE_DEVICE_FILE
-    if path.is_file():
-        used = json.loads(path.read_text())["device"]
-        if used != device.type:
-            raise ConfigError(f"{run_dir}: this run generated its noise on {used}, and CPU and CUDA random generators "
-                              f"differ, so its seeds rebuild its weights only on {used} (this process uses "
-                              f"{device.type}); pass --device {used} on a machine that has it")
-    elif write:
-        path.write_text(json.dumps({"device": device.type}) + "\n")
-
-
-def masters_of(params: fullrank.Params) -> dict[str, torch.Tensor]:
-    """The fp32 master weights to checkpoint (none for fp32 models): the model's bf16 weights
-    alone would lose the sub-step part of the updates on resume."""
-    return {name: m for name, m in zip(params.names, params.masters) if m is not None}
-
-
-def load_masters(params: fullrank.Params, checkpoint: Path) -> None:
-    """Restore the fp32 masters saved with a checkpoint (and the model's weights from them)."""
-    if not any(m is not None for m in params.masters):
-        return
-    path = checkpoint / TENSORS_FILE
-    if not path.is_file():
-        raise ConfigError(f"checkpoint {checkpoint} has no fp32 master weights ({TENSORS_FILE}); it cannot be resumed "
-                          f"exactly with --fp32-master")
-    from safetensors.torch import load_file
-
-    saved = load_file(str(path))
-    for i, (name, master) in enumerate(zip(params.names, params.masters)):
-        if master is not None:
-            master.copy_(saved[name])
-            params.tensors[i].data.copy_(master)
-
-
-def weights_of_record(model, params: fullrank.Params) -> list[torch.Tensor]:
-    """What every process must hold identically: the model's parameters (tied ones once) and the
-    fp32 masters, if any."""
-    return [p for _, p in model.named_parameters()] + [m for m in params.masters if m is not None]
-
-
 def replay(cfg: ESConfig, params: fullrank.Params, layers, updates: list[dict[str, Any]]) -> None:
     """Re-apply logged updates: seeds and coefficients alone rebuild the weights."""
     for u in updates:
@@ -403,6 +356,20 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
 # ----- the run ----------------------------------------------------------------------------------
 
 
+def load_weights(cfg: ESConfig, dist, log: UpdateLog, device: torch.device):
+    """(model, tokenizer, params, layers) where the run stands: the base model, or on a resume the
+    newest checkpoint (its fp32 masters too) with the updates logged after it re-applied."""
+    with dist.main_first():  # the first load may fetch and convert the default model
+        model, tokenizer = load_model(log.source(cfg.model), device=device, dtype=cfg.dtype)
+    dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
+    check_noise_device(log.run.path, next(model.parameters()).device, write=dist.is_main)
+    params, layers = perturbable(model, cfg)
+    if log.checkpoint is not None:
+        load_masters(params, log.run.checkpoint_dir(log.checkpoint))
+    replay(cfg, params, layers, log.to_replay)
+    return model, tokenizer, params, layers
+
+
 def train(cfg: ESConfig) -> Path:
     release_freed_buffers()
     dist = distributed.init()
@@ -413,8 +380,7 @@ def train(cfg: ESConfig) -> Path:
         device = resolve_device(dist.device or cfg.device)
     except ValueError as exc:
         raise ConfigError(f"--device: {exc}") from None
-    settle_dtype(cfg, device)
-    cfg.dtype = dist.from_main(cfg.dtype)
+    decision = settle_dtype(cfg, device, dist.from_main, dist.is_main)  # a resume's other --dtype ends here
     train_examples = env.examples("train")
     per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
     per_member = per_iteration * cfg.samples_per_prompt  # responses a member generates
@@ -429,75 +395,29 @@ def train(cfg: ESConfig) -> Path:
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     say = tqdm.write if dist.is_main else (lambda *a, **k: None)
 
-    # Resume: newest weight checkpoint, then replay the updates logged after it.
-    updates_path = run.path / "updates.jsonl"
-    updates = read_jsonl(updates_path) if cfg.resume else []
-    done = updates[-1]["iteration"] if updates else 0
-    ckpts = [k for k in run.checkpoints() if k <= done] if cfg.resume else []
-    source = str(run.checkpoint_dir(ckpts[-1])) if ckpts else cfg.model
-    with dist.main_first():  # the first load may fetch and convert the default model
-        model, tokenizer = load_model(source, device=device, dtype=cfg.dtype)
-    dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
-    check_noise_device(run.path, next(model.parameters()).device, write=dist.is_main)
-    params, layers = perturbable(model, cfg)
-    if ckpts:
-        load_masters(params, run.checkpoint_dir(ckpts[-1]))
-    replay(cfg, params, layers, [u for u in updates if u["iteration"] > (ckpts[-1] if ckpts else 0)])
+    # Resume: the newest weight checkpoint, then the updates logged after it re-applied.
+    log = UpdateLog(run, resume=cfg.resume is not None)
+    done = log.done
+    model, tokenizer, params, layers = load_weights(cfg, dist, log, device)
     dist.phase = "the engine's start"
     engine = make_engine(engine_for(cfg, model), model, tokenizer)  # after the replay: from the current weights
-    run.note_runtime(model, done, engine.name)
+    run.note_runtime(model, done, engine.name, precision=decision.record())
     if cfg.resume and dist.is_main:
-        run.truncate_log(done)
-        updates_path.write_text("".join(json.dumps(u) + "\n" for u in updates))  # drop a torn line
-        say(f"resumed {run.path} after iteration {done} (weights from {'checkpoint ' + str(ckpts[-1]) if ckpts else 'the base model'})")
-    budget = Budget(cfg.max_samples, updates[-1]["samples"], updates[-1].get("tokens", 0)) if updates \
-        else Budget(cfg.max_samples)
-
-    mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
-    decoding = "greedy members" if cfg.temperature == 0 else (
-        f"members sampled at temperature {cfg.temperature:g}{f', top-p {cfg.top_p:g}' if cfg.top_p < 1 else ''}, "
-        f"{cfg.samples_per_prompt} per prompt")
-    mode += f", {dist.world} processes" if dist.world > 1 else ""
-    share = params.numel() / sum(p.numel() for p in model.parameters())
-    masters = any(m is not None for m in params.masters)
-    precision = f"{cfg.dtype}" + (" with fp32 masters" if masters else "")
-    say(f"ES on {cfg.env}: {params.numel() / 1e6:.1f}M parameters perturbed ({share:.1%} of the model; {precision}; "
-        f"{mode}), "
-        f"N={cfg.population}, sigma={cfg.sigma}, alpha={cfg.alpha}, {per_iteration} prompts/iteration, {decoding}, "
-        f"engine {engine.name}, run dir {run.path}")
-    if not layers and cfg.sigma < BF16_FULL_RANK_SIGMA and masters:
-        say(f"warning: full-rank members in {cfg.dtype} at sigma {cfg.sigma:g}: the cast to {cfg.dtype} rounds away part "
-            f"of each member's perturbation (SmolLM2 at 5e-4: the realised one correlates 0.81 with the intended, "
-            f"docs/es.md); --dtype fp32 keeps all of it")
-    if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
-        say(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs nn.Linear / "
-            f"Conv1D weights, and the rest (fused 3-D MoE experts, embeddings, ...) keeps its base values; "
-            f"--noise full perturbs every parameter")
-
-    # iterations whose model has a held-out record (a resumed run keeps those up to ``done``)
-    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
-        if cfg.resume else set()
+        log.resumed()
+        source = f"checkpoint {log.checkpoint}" if log.checkpoint is not None else "the base model"
+        say(f"resumed {run.path} after iteration {done} (weights from {source})")
+    budget = log.budget(cfg.max_samples)
+    for line in start_lines(cfg, model, params, layers, decision, engine.name, run.path, dist.world, per_iteration):
+        say(line)
 
     left = budget.steps_left(cfg.iterations - done, per_step)  # iterations this invocation will run
     members = len(range(dist.rank, cfg.population, dist.world))  # this process's share, as for eval_rows
     eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // dist.world)
-    clock = es_clock(cfg, say, next(model.parameters()).device.type, left, members, per_iteration, eval_rows,
+    clock = es_clock(cfg, say, device.type, left, members, per_iteration, eval_rows,
                      evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
         if dist.is_main else None
-
-    def held_out(iteration: int) -> dict[str, float]:  # every rank evaluates its share of the examples
-        evaluated.add(iteration)
-        dist.phase = f"the held-out evaluation of iteration {iteration}"
-        scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size or 32,
-                          cfg.eval_limit, dist.rank, dist.world, dist.sum,
-                          progress=clock is not None and f"held-out {cfg.eval_split} (iteration {iteration})",
-                          on_progress=clock and clock.evaluation)
-        record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
-                  "eval_n": scores["n"]}
-        run.log(record, iteration)
-        say(f"[iter {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
-        dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
-        return record
+    held_out = HeldOut(cfg, engine, scorer, run, dist, say, cfg.gen_batch_size or 32, clock,
+                       done if cfg.resume else None)
 
     if done == 0:
         held_out(0)
@@ -536,12 +456,8 @@ def train(cfg: ESConfig) -> Path:
         if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and budget.allows(per_step):
             held_out(it)
         if dist.is_main:  # the update record is what resume replays: written once the iteration is whole
-            with open(updates_path, "a") as f:
-                f.write(json.dumps({"iteration": it, "seeds": upd_seeds, "coefficients": coefs, "skipped": z is None,
-                                    "rewards": rewards.tolist(), "samples": budget.samples,
-                                    "tokens": budget.tokens}) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
+            log.append({"iteration": it, "seeds": upd_seeds, "coefficients": coefs, "skipped": z is None,
+                        "rewards": rewards.tolist(), "samples": budget.samples, "tokens": budget.tokens})
             if it % cfg.checkpoint_every == 0:
                 run.save_checkpoint(model, tokenizer, it, {"iteration": it}, tensors=masters_of(params))
         if it % cfg.checkpoint_every == 0:
@@ -550,7 +466,7 @@ def train(cfg: ESConfig) -> Path:
     iterations.close()
     if cfg.check_every and not (last % cfg.check_every == 0 and last > done):  # the end is always checked
         dist.same_weights(weights_of_record(model, params), f"after iteration {last}")
-    if last not in evaluated:  # also after a kill during the final evaluation: the final model is measured
+    if last not in held_out.evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(last)
     dist.phase = "the final save"
     if dist.is_main:

@@ -15,17 +15,19 @@ from pathlib import Path
 from trainers.common.config import ConfigError, Parser, build_config, fail, load_yaml
 from trainers.common.models import load_model, save_model
 from trainers.common.run_dir import read_jsonl, recorded_dtype
-from trainers.es import NOISE_DEVICE_FILE, ESConfig, check_noise_device, perturbable, replay
+from trainers.common.update_log import NOISE_DEVICE_FILE, UPDATES_FILE, check_noise_device
+from trainers.es import ESConfig, perturbable, replay
 
 
 def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | None = None):
     """(model, tokenizer) of ``run_dir`` after ``iteration`` (default: the last logged one)."""
     run_dir = Path(run_dir)
     cfg = build_config(ESConfig, load_yaml(run_dir / "config.yaml"))
-    updates = [u for u in read_jsonl(run_dir / "updates.jsonl") if iteration is None or u["iteration"] <= iteration]
+    updates = [u for u in read_jsonl(run_dir / UPDATES_FILE) if iteration is None or u["iteration"] <= iteration]
     if device is None and (run_dir / NOISE_DEVICE_FILE).is_file():
         device = json.loads((run_dir / NOISE_DEVICE_FILE).read_text())["device"]
-    dtype = recorded_dtype(run_dir) if cfg.dtype in (None, "auto") else cfg.dtype  # the dtype it trained in
+    # the dtype it trained in, as its first start recorded it: its seeds rebuild its weights only in it
+    dtype = recorded_dtype(run_dir) or cfg.dtype
     try:
         model, tokenizer = load_model(cfg.model, device=device or cfg.device, dtype=dtype)
     except ValueError as exc:  # e.g. a CUDA run replayed where there is no CUDA

@@ -23,7 +23,8 @@ import yaml
 
 import llm_envs
 from trainers.common import distributed
-from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_dtype
+from trainers.common import precision
+from trainers.common.precision import DTYPE_CHOICES, Decision
 from trainers.common.run_dir import RunDirError, recorded_dtype
 from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.noise.lowrank import LayerError
@@ -227,8 +228,9 @@ class TrainConfig(EngineOptions):
                                                                  "--eval-split validation evaluates there"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     dtype: str | None = field(default="auto", metadata={
-        "help": "compute dtype: auto (bf16 on CUDA and on a CPU with bf16 matrix units, AMX or AVX512-BF16; fp32 "
-                "elsewhere), fp32 or bf16; bf16 keeps fp32 master weights (a resumed run keeps its first dtype)",
+        "help": "compute dtype: auto (bf16 on a CUDA GPU that supports it; on CPU whichever a ~2 s probe of the "
+                "model's layer shapes measured faster, cached, fp32 unless bf16 wins by 15%), fp32 or bf16; bf16 keeps "
+                "fp32 master weights (a resumed run keeps its first dtype: another is refused)",
         "choices": DTYPE_CHOICES})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
 
@@ -249,14 +251,23 @@ class TrainConfig(EngineOptions):
         check_engine(self)
 
 
-def settle_dtype(cfg: TrainConfig, device: torch.device) -> torch.dtype:
-    """The run's compute dtype, written back into ``cfg.dtype`` as ``fp32``/``bf16`` (so config.yaml
-    records what ran): ``auto`` is the dtype a resumed run recorded at its first start (a run never
-    changes dtype midway; its ES seeds rebuild its weights only in it), else ``default_dtype``."""
-    if cfg.dtype in (None, "auto"):
-        recorded = recorded_dtype(cfg.resume) if cfg.resume else None
-        cfg.dtype = dtype_name(resolve_dtype(recorded, device) if recorded else default_dtype(device))
-    return resolve_dtype(cfg.dtype, device)
+def settle_dtype(cfg: TrainConfig, device: torch.device, broadcast=None, is_main: bool = True) -> Decision:
+    """The run's compute dtype (``precision.settle``), written back into ``cfg.dtype`` as
+    ``fp32``/``bf16`` so config.yaml records what ran: a resumed run keeps the dtype it recorded
+    at its first start (another explicit ``--dtype`` is a ``ConfigError``, raised before anything
+    is written); ``auto`` on a new run is ``precision.decide``. On several processes rank 0 alone
+    decides ``auto`` (it may measure) and ``broadcast`` hands every rank its decision."""
+    recorded = recorded_dtype(cfg.resume) if cfg.resume else None
+    fixed = cfg.dtype not in (None, "auto") or recorded is not None  # every rank knows it: no probe
+    try:
+        decision = precision.settle(cfg.dtype, device, cfg.model, recorded, cfg.resume) \
+            if is_main or fixed else None
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if broadcast is not None:
+        decision = broadcast(decision)
+    cfg.dtype = decision.dtype
+    return decision
 
 
 def to_dict(config: Any) -> dict[str, Any]:

@@ -1,20 +1,20 @@
-"""What the machine computes with: the CPU's name and whether it has bf16 matrix units.
+"""What the machine computes with: the CPU's name and which bf16 matrix units it lists.
 
-A CPU with bf16 units (Intel AMX since Sapphire Rapids, AVX512-BF16 since Cooper Lake and AMD
-Zen 4) runs bf16 matrix products 2-8x faster than fp32; one without them only emulates bf16, slower
-than fp32. Runs and benchmark tables record ``describe()`` so a reader knows which machine a time
-came from.
+The units are described, not trusted: a Xeon listing AVX512-BF16 (no AMX) ran SmolLM2's matrix
+products at 0.55-0.66x in bf16, a Zen 4 at 1.5x. Whether bf16 pays is measured
+(``precision.decide``). Runs and benchmark tables record ``describe()`` so a reader knows which
+machine a time came from; benchmark headers print ``precision.header_line()``, this machine and
+what ``--dtype auto`` decides on it and why.
 """
 
 from __future__ import annotations
 
 import functools
-import os
 import platform
 
 import torch
 
-#: Set to "0" to report a CPU as having no bf16 units (tests simulate such a CPU with it).
+#: Forces ``--dtype auto`` on CPU: "1" bf16, "0" fp32 (the test suite sets "0"), skipping the probe.
 FORCE_ENV = "LLM_ENVS_CPU_BF16"
 
 
@@ -32,11 +32,9 @@ def cpu_name() -> str:
 
 
 def cpu_bf16_units() -> str | None:
-    """``"amx"`` or ``"avx512_bf16"`` when the CPU has bf16 matrix units torch uses, else None.
-    Detected through torch's own CPU feature checks, which oneDNN's bf16 kernels follow."""
-    forced = os.environ.get(FORCE_ENV)
-    if forced is not None and forced.strip() in ("0", "false", "no", ""):
-        return None
+    """``"amx"`` or ``"avx512_bf16"`` when the CPU lists bf16 matrix units torch uses, else None
+    (torch's own CPU feature checks, which oneDNN's bf16 kernels follow). A description only: it
+    does not decide the dtype."""
     cpu = getattr(torch, "cpu", None)
     if cpu is None:
         return None
@@ -45,11 +43,6 @@ def cpu_bf16_units() -> str | None:
     if getattr(cpu, "_is_avx512_bf16_supported", lambda: False)():
         return "avx512_bf16"
     return None
-
-
-def cpu_has_bf16() -> bool:
-    """Whether bf16 compute pays on this CPU (it has bf16 matrix units)."""
-    return cpu_bf16_units() is not None
 
 
 def describe(device: torch.device | str | None = None) -> dict:
@@ -68,5 +61,6 @@ def describe_line(d: dict) -> str:
 
 
 def machine_line(device: torch.device | str | None = None) -> str:
-    """This machine in one line, for logs and benchmark headers."""
+    """This machine in one line, for logs (benchmark headers add the dtype decision:
+    ``precision.header_line``)."""
     return describe_line(describe(device))

@@ -78,10 +78,12 @@ class RunDir:
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
             atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
-    def note_runtime(self, model, iteration: int, engine: str | None = None, compute=None) -> None:
+    def note_runtime(self, model, iteration: int, engine: str | None = None, compute=None,
+                     precision: dict[str, Any] | None = None) -> None:
         """Record what this start (or resume, after ``iteration``) computes with: the device type, the
-        compute dtype (``compute``, default the weights'), the weights' dtype, the generation engine
-        and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
+        compute dtype (``compute``, default the weights'), the weights' dtype, how the dtype was
+        decided (``precision``: ``precision.Decision.record()``, the probe's numbers included), the
+        generation engine and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
         study refuses to mix devices or dtypes in one table; ``python -m eval`` on the run generates
         with the same engine)."""
         if self.is_main:
@@ -92,6 +94,7 @@ class RunDir:
                                                     "dtype": str(compute or p.dtype).removeprefix("torch."),
                                                     "weights": str(p.dtype).removeprefix("torch."),
                                                     **({"engine": engine} if engine else {}),
+                                                    **({"precision": precision} if precision else {}),
                                                     "machine": describe(p.device)})
 
     # ----- checkpoints -----------------------------------------------------------------------

@@ -6,9 +6,9 @@ before this module existed.
 What is sharded. The policy, PPO's critic (its trunk and its value head) and the frozen reference
 model are each ``fully_shard``-ed: every decoder layer, then the root, over a 1-D mesh of all
 ranks. Each rank then holds 1/W of every parameter, of its gradient and of AdamW's two moments
-(``state_bytes`` counts them). On CUDA the trainable models gather their parameters in bf16 and
-reduce their gradients in fp32 (``MixedPrecisionPolicy``): fp32 master weights, bf16 compute, as
-one process's autocast.
+(``state_bytes`` counts them). On CUDA a run computing in bf16 gathers the trainable models'
+parameters in bf16 and reduces their gradients in fp32 (``MixedPrecisionPolicy``): fp32 master
+weights, bf16 compute, as one process's autocast; ``--dtype fp32`` gathers and computes in fp32.
 
 What is sent. Forward and backward all-gather each layer's parameters and reduce-scatter its
 gradients (FSDP2 itself). After each optimizer step the engine, which generates with its own full
@@ -40,6 +40,7 @@ import torch
 import torch.distributed as tdist
 
 from trainers.common.distributed import Dist
+from trainers.common.precision import fsdp_param_dtype
 
 # HF models return views (a slice of the logits, hidden states); FSDP2 warns about in-place ops on
 # them, which the RL losses never do.
@@ -176,16 +177,14 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 def shard_module(module: torch.nn.Module, mesh) -> None:
     """``fully_shard`` every decoder layer of ``module``, then ``module`` itself; gradients are
     summed over ranks, not averaged (each rank's loss is already divided by the whole step's
-    normaliser). A trainable fp32 transformer on CUDA gathers in bf16 and reduces in fp32."""
+    normaliser). A trainable fp32 transformer computing in bf16 on CUDA gathers in bf16 and
+    reduces in fp32; in fp32 it gathers fp32."""
     from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
-    first = next(module.parameters())
-    trainable = any(p.requires_grad for p in module.parameters())
-    policy = MixedPrecisionPolicy()
-    # a transformer (a policy, a critic trunk) computes in bf16 under autocast on CUDA; a small head
-    # (PPO's value head) computes in fp32, as on one process
-    if trainable and first.device.type == "cuda" and first.dtype == torch.float32 and hasattr(module, "config"):
-        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    # the run's compute dtype decides (precision.fsdp_param_dtype): --dtype fp32 gathers fp32
+    param_dtype = fsdp_param_dtype(module)
+    policy = MixedPrecisionPolicy() if param_dtype is None else \
+        MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     for layer in decoder_layers(module):
         fully_shard(layer, mesh=mesh, mp_policy=policy)
     fully_shard(module, mesh=mesh, mp_policy=policy)

@@ -1,0 +1,352 @@
+"""The one place that decides what a run computes in: compute dtype, master dtype and autocast.
+
+Every consumer asks here: model loading (``resolve_dtype``), the trainers (``settle``), FSDP
+(``fsdp_param_dtype``), ES's masters (``needs_masters``), evaluation and the study. The engines sit
+below this layer and decide nothing: they compute in the weights' dtype, or in the compute dtype
+their caller passes (``make_engine(..., compute_dtype)``, the RL policy's autocast). ``--dtype`` is
+``fp32``, ``bf16`` or ``auto``:
+
+- on CUDA, ``auto`` is bf16 where the GPU supports it (``torch.cuda.is_bf16_supported``);
+- on CPU, ``auto`` is *measured*: bf16 matrix units in the CPU flags do not predict the speed (a
+  Xeon listing ``avx512_bf16`` ran a GRPO step at 0.6x in bf16). ``probe`` times a decoder layer of
+  the model's own shapes, forward, in fp32 and bf16, alternating, on the threads the run uses, at a
+  generation-like batch (64 rows x 1 token over a short cache) and a training-like one (4 x 256
+  tokens); bf16 wins only if it is at least ``MARGIN`` faster on the geometric mean, so fp32 wins
+  ties. The result is cached per (CPU model, torch version, threads, shape) under the project's
+  cache directory, and ``LLM_ENVS_CPU_BF16`` (``hardware.FORCE_ENV``) forces it: ``1`` bf16, ``0``
+  fp32 (the test suite sets ``0``).
+
+A run records its ``Decision`` (dtype, how it was decided, the probe's numbers) in runtime.jsonl,
+and keeps its dtype for good: a resume with another explicit ``--dtype`` is refused (``settle``)
+before anything in the run directory is written.
+
+bf16 runs keep fp32 masters: ES an fp32 copy of every bf16 weight (``trainers/noise/fullrank.py``),
+the RL trainers fp32 weights, gradients and AdamW, computing under autocast (``set_compute_dtype``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from trainers.common.hardware import FORCE_ENV, cpu_name, machine_line
+
+#: What ``--dtype`` accepts.
+DTYPE_CHOICES = ["auto", "fp32", "bf16"]
+_DTYPE_NAMES = {"fp32": torch.float32, "float32": torch.float32, "float": torch.float32,
+                "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+                "fp16": torch.float16, "float16": torch.float16, "half": torch.float16}
+#: bf16 must be this much faster (fp32 time / bf16 time, geometric mean of the probe's batches):
+#: fp32 keeps exact ES replays and needs no masters, so near-ties go to it.
+MARGIN = 1.15
+#: The probe's time budget in seconds (both dtypes, both batches, warm-ups included, roughly).
+PROBE_SECONDS = 1.5
+#: Bump when the probe changes what it measures: older cache entries are then ignored.
+PROBE_VERSION = 1
+
+
+# ----- names ---------------------------------------------------------------------------------------
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """``torch.bfloat16`` -> ``"bf16"``: how runs, tables and flags name a dtype."""
+    return {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}.get(dtype, str(dtype))
+
+
+def parse_dtype(dtype: Any) -> torch.dtype:
+    """A ``torch.dtype`` or a name (``"bf16"``, ``"float32"``, ...) as a ``torch.dtype``."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str) and dtype.lower() in _DTYPE_NAMES:
+        return _DTYPE_NAMES[dtype.lower()]
+    raise ValueError(f"invalid dtype {dtype!r}: use auto or one of {sorted(_DTYPE_NAMES)}")
+
+
+def resolve_dtype(dtype: Any, device: torch.device, model: Any = None) -> torch.dtype:
+    """``dtype`` as a ``torch.dtype``; ``None``/``"auto"``: ``decide(device, model)``."""
+    if dtype is None or dtype == "auto":
+        return decide(device, model).torch_dtype
+    return parse_dtype(dtype)
+
+
+# ----- the decision --------------------------------------------------------------------------------
+
+@dataclass
+class Decision:
+    """A run's compute dtype and how it was decided: ``explicit`` (``--dtype``), ``resumed`` (the
+    dtype the run recorded at its first start), ``forced`` (``LLM_ENVS_CPU_BF16``), ``measured`` or
+    ``cached`` (the probe, ``probe`` holding its numbers), ``cuda`` (the GPU's bf16 support)."""
+
+    dtype: str
+    how: str
+    probe: dict[str, Any] | None = field(default=None)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return parse_dtype(self.dtype)
+
+    def record(self) -> dict[str, Any]:
+        """What runtime.jsonl and benchmark results hold."""
+        return asdict(self)
+
+    def line(self) -> str:
+        """The decision in one line, for logs and benchmark headers."""
+        if not self.probe:
+            return f"{self.dtype} ({self.how})"
+        p, ms = self.probe, self.probe["ms"]
+        times = "; ".join(f"{batch} fp32 {t['fp32']:.2f} ms, bf16 {t['bf16']:.2f} ms" for batch, t in ms.items())
+        verdict = ">=" if self.dtype == "bf16" else "<"
+        return (f"{self.dtype} ({self.how}: bf16 {p['ratio']:.2f}x fp32's speed {verdict} {p['margin']:.2f}x; "
+                f"{times}; {p['threads']} threads)")
+
+
+def decide(device: torch.device | str, model: Any = None, threads: int | None = None) -> Decision:
+    """``--dtype auto`` on ``device`` for ``model`` (a loaded model, a config, a name or path, or
+    None: the default model's shapes): bf16 on a CUDA GPU that supports it; on CPU the forced value,
+    else the probe's answer (cached)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        return Decision("bf16" if ok else "fp32", "cuda")
+    if device.type != "cpu":
+        return Decision("fp32", f"{device.type}: not measured")
+    forced = os.environ.get(FORCE_ENV)
+    if forced is not None and forced.strip().lower() in ("0", "1", "false", "true", "no", "yes", ""):
+        on = forced.strip().lower() in ("1", "true", "yes")
+        return Decision("bf16" if on else "fp32", f"forced by {FORCE_ENV}={forced.strip()}")
+    return measured(model_shape(model), threads or torch.get_num_threads())
+
+
+def measured(shape: dict[str, int], threads: int) -> Decision:
+    """The probe's decision for ``shape`` on ``threads`` threads: from the cache, else measured
+    (and cached)."""
+    key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "shape": shape,
+           "version": PROBE_VERSION}
+    path = _cache_path(key)
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        saved = json.loads(path.read_text())
+        if saved["key"] == key:
+            return Decision(saved["probe"]["dtype"], "cached", saved["probe"])
+    result = probe(shape, threads)
+    with contextlib.suppress(OSError):  # an unwritable cache costs a probe per run, nothing else
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"key": key, "probe": result}, indent=1) + "\n")
+        os.replace(tmp, path)
+    return Decision(result["dtype"], "measured", result)
+
+
+def _cache_path(key: dict[str, Any]) -> Path:
+    from trainers.common.default_model import cache_dir
+
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return cache_dir() / "precision" / f"probe-{digest}.json"
+
+
+def choose(ms: dict[str, dict[str, float]], margin: float = MARGIN) -> tuple[str, float]:
+    """(dtype, ratio) from the probe's times (``ms[batch][dtype]``): the ratio is the geometric
+    mean over batches of fp32 time / bf16 time; bf16 only at ``margin`` or more."""
+    ratio = math.exp(sum(math.log(t["fp32"] / t["bf16"]) for t in ms.values()) / len(ms))
+    return ("bf16" if ratio >= margin else "fp32"), ratio
+
+
+# ----- the probe -----------------------------------------------------------------------------------
+
+#: SmolLM2-135M's decoder layer: the shape probed when a model's config cannot be read.
+DEFAULT_SHAPE = {"hidden": 576, "intermediate": 1536, "heads": 9, "kv_heads": 3, "head_dim": 64}
+
+
+def model_shape(model: Any = None) -> dict[str, int]:
+    """The decoder-layer shape of ``model`` (a loaded model, a transformers config, a config dict,
+    a model directory or name; None: the default model): hidden and intermediate sizes, attention
+    and key/value heads, head size. A model whose config cannot be read gets ``DEFAULT_SHAPE``."""
+    config = _config_of(model)
+    if not config:
+        return dict(DEFAULT_SHAPE)
+    try:
+        hidden, heads = int(config["hidden_size"]), int(config["num_attention_heads"])
+        return {"hidden": hidden, "intermediate": int(config.get("intermediate_size") or 4 * hidden),
+                "heads": heads, "kv_heads": int(config.get("num_key_value_heads") or heads),
+                "head_dim": int(config.get("head_dim") or hidden // heads)}
+    except (KeyError, TypeError, ValueError):
+        return dict(DEFAULT_SHAPE)
+
+
+def _config_of(model: Any) -> dict[str, Any] | None:
+    if model is None:
+        return None
+    if isinstance(model, dict):
+        return model
+    config = getattr(model, "config", model)
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    if not isinstance(model, (str, os.PathLike)):
+        return None
+    from trainers.common.default_model import ALIASES, SMOLLM2_CACHE_NAME, cache_dir
+
+    name = os.fspath(model)
+    path = cache_dir() / SMOLLM2_CACHE_NAME if name.lower() in ALIASES else Path(name).expanduser()
+    with contextlib.suppress(OSError, ValueError):
+        return json.loads((path / "config.json").read_text())
+    return None
+
+
+class _Layer(torch.nn.Module):
+    """A Llama/Qwen2 decoder layer's work (RMS norms, q/k/v/o projections, attention, a gated MLP)
+    at a given shape, random weights: what the probe times."""
+
+    def __init__(self, s: dict[str, int]):
+        super().__init__()
+        h, d = s["hidden"], s["head_dim"]
+        self.s = s
+        self.q, self.o = torch.nn.Linear(h, s["heads"] * d, bias=False), torch.nn.Linear(s["heads"] * d, h, bias=False)
+        self.k, self.v = (torch.nn.Linear(h, s["kv_heads"] * d, bias=False) for _ in range(2))
+        self.gate, self.up = (torch.nn.Linear(h, s["intermediate"], bias=False) for _ in range(2))
+        self.down = torch.nn.Linear(s["intermediate"], h, bias=False)
+
+    def forward(self, x: torch.Tensor, past: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        s, (b, t, _) = self.s, x.shape
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        q = self.q(h).view(b, t, s["heads"], s["head_dim"]).transpose(1, 2)
+        k, v = (p(h).view(b, t, s["kv_heads"], s["head_dim"]).transpose(1, 2) for p in (self.k, self.v))
+        if past is not None:
+            k, v = torch.cat([past[0], k], 2), torch.cat([past[1], v], 2)
+        group = s["heads"] // s["kv_heads"]
+        k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=past is None)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, -1))
+        h = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+        return x + self.down(F.silu(self.gate(h)) * self.up(h))
+
+
+def _workloads(s: dict[str, int], dtype: torch.dtype) -> dict[str, tuple]:
+    """The probe's batches: ``generation`` (64 rows x 1 new token over a 64-token cache) and
+    ``training`` (4 x 256 tokens, fewer for a layer so large that one forward would eat the budget)."""
+    per_token = 2 * (s["hidden"] * (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"] * 2 + 3 * s["hidden"] * s["intermediate"])
+    tokens = max(64, min(1024, int(8e9 / per_token)))  # at most ~8 GFLOP a forward
+    rows, length = (4, tokens // 4) if tokens >= 256 else (1, tokens)
+    kv = s["kv_heads"], s["head_dim"]
+    gen = torch.Generator().manual_seed(1)
+    rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
+    return {"generation": (rnd(64, 1, s["hidden"]), (rnd(64, kv[0], 64, kv[1]), rnd(64, kv[0], 64, kv[1]))),
+            "training": (rnd(rows, length, s["hidden"]), None)}
+
+
+def probe(shape: dict[str, int], threads: int | None = None, seconds: float = PROBE_SECONDS,
+          margin: float = MARGIN) -> dict[str, Any]:
+    """Time a decoder layer of ``shape`` forward in fp32 and bf16 (bf16 weights and activations,
+    as a bf16 run holds them) on ``threads`` threads, alternating the dtypes (ABBA) until about
+    ``seconds`` have passed; the best time of each. Returns the times (ms per batch and dtype),
+    the ratio, the margin and the dtype chosen (``choose``)."""
+    threads = threads or torch.get_num_threads()
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            layer32 = _Layer(shape).eval()
+        layers = {"fp32": layer32, "bf16": _Layer(shape).eval()}
+        layers["bf16"].load_state_dict(layer32.state_dict())
+        layers["bf16"].to(torch.bfloat16)
+        inputs = {d: _workloads(shape, layers[d].q.weight.dtype) for d in layers}
+        best = {w: {"fp32": math.inf, "bf16": math.inf} for w in inputs["fp32"]}
+        start, rounds = time.perf_counter(), 0
+        with torch.inference_mode():
+            for w in best:  # warm-up: first calls pay allocation and kernel selection
+                for d in layers:
+                    layers[d](*inputs[d][w])
+            while rounds < 2 or (time.perf_counter() - start < seconds and rounds < 20):
+                order = ("fp32", "bf16") if rounds % 2 == 0 else ("bf16", "fp32")
+                for w in best:
+                    for d in order:
+                        t0 = time.perf_counter()
+                        layers[d](*inputs[d][w])
+                        best[w][d] = min(best[w][d], (time.perf_counter() - t0) * 1e3)
+                rounds += 1
+    finally:
+        torch.set_num_threads(before)
+    dtype, ratio = choose(best, margin)
+    return {"dtype": dtype, "ratio": round(ratio, 3), "margin": margin, "threads": threads, "rounds": rounds,
+            "shape": shape, "ms": {w: {d: round(t, 3) for d, t in v.items()} for w, v in best.items()},
+            "seconds": round(time.perf_counter() - start, 2)}
+
+
+def header_line(device: torch.device | str | None = None, model: Any = None) -> str:
+    """This machine and what ``--dtype auto`` decides on ``device`` (default CPU) for ``model``
+    (default: the default model's shapes), and why, in one line: every benchmark's header."""
+    return f"{machine_line(device)}; --dtype auto: {decide(device or 'cpu', model).line()}"
+
+
+# ----- what a run does with it -------------------------------------------------------------------
+
+def settle(dtype: str | None, device: torch.device, model: Any = None, recorded: str | None = None,
+           resume: str | None = None) -> Decision:
+    """A run's dtype: an explicit ``--dtype``, or for ``auto`` the dtype the run ``recorded`` at
+    its first start (``resume``), else ``decide``. A resume with another explicit dtype than the
+    recorded one is refused in one line: a run never changes dtype midway (its ES seeds rebuild its
+    weights only in it, its fp32 masters exist only for bf16)."""
+    recorded = dtype_name(parse_dtype(recorded)) if recorded else None
+    if dtype not in (None, "auto"):
+        name = dtype_name(parse_dtype(dtype))
+        if recorded and name != recorded:
+            raise ValueError(f"--dtype {name}: the run {resume or ''} computes in {recorded} (recorded at its first "
+                             f"start) and keeps it; resume it without --dtype, or start a new run in {name}"
+                             .replace("run  ", "run "))
+        return Decision(name, "resumed" if recorded else "explicit")
+    if recorded:
+        return Decision(recorded, "resumed")
+    return decide(device, model)
+
+
+def needs_masters(weights: torch.dtype, wanted: bool = True) -> bool:
+    """Whether a tensor of dtype ``weights`` gets an fp32 master copy that receives ES's updates
+    (``wanted``: ``--fp32-master``): every low-precision one, so no update is rounded away."""
+    return wanted and weights != torch.float32
+
+
+#: The attribute a trainable model carries its compute dtype in (``set_compute_dtype``).
+_COMPUTE_ATTR = "_llm_envs_compute_dtype"
+
+
+def set_compute_dtype(model, dtype: torch.dtype | None) -> None:
+    """Make ``model`` (fp32 master weights) compute in ``dtype`` under autocast, on CPU as on CUDA:
+    ``compute_context`` and the engines read it. None or the weights' own dtype: no autocast."""
+    weights = next(model.parameters()).dtype
+    setattr(model, _COMPUTE_ATTR, dtype if dtype is not None and dtype != weights else None)
+
+
+def compute_dtype(model) -> torch.dtype | None:
+    """The dtype ``model`` computes in when it differs from its weights' (the RL policy: fp32 master
+    weights, so AdamW steps of 1e-6 are not rounded away, bf16 compute), else None."""
+    return getattr(model, _COMPUTE_ATTR, None)
+
+
+def compute_context(model):
+    """Autocast to ``compute_dtype(model)`` on the model's device; nothing when it has none."""
+    dtype = compute_dtype(model)
+    if dtype is None:
+        return contextlib.nullcontext()
+    return torch.autocast(next(model.parameters()).device.type, dtype=dtype)
+
+
+def fsdp_param_dtype(module: torch.nn.Module) -> torch.dtype | None:
+    """The dtype FSDP gathers ``module``'s parameters in (its ``MixedPrecisionPolicy.param_dtype``;
+    None: the parameters' own). A trainable fp32 transformer computing in bf16 (``compute_dtype``)
+    on CUDA gathers in bf16, as one process's autocast computes; ``--dtype fp32`` gathers fp32, and
+    on CPU autocast does the casting."""
+    first = next(module.parameters())
+    trainable = any(p.requires_grad for p in module.parameters())
+    compute = compute_dtype(module)
+    if (trainable and compute is not None and first.device.type == "cuda" and first.dtype == torch.float32
+            and hasattr(module, "config")):
+        return compute
+    return None
