@@ -130,6 +130,48 @@ def test_the_separate_critic_never_moves_the_policy(tiny_model, tiny_tokenizer, 
     assert not all(torch.equal(shared[0][n], shared[1][n]) for n in shared[0])
 
 
+def ppo_gradients(tiny_model, tiny_tokenizer, model_dir, samples, **options) -> dict[str, torch.Tensor]:
+    """Every gradient of one PPO update (policy, critic trunk, value head; captured instead of
+    applied), with the KL to a reference model folded into the rewards."""
+    cfg = PPOConfig(env=LETTER, model=str(model_dir), group_size=4, max_new_tokens=6, beta=0.05, max_grad_norm=0,
+                    **options)
+    cfg.validate()
+    model = copy.deepcopy(tiny_model).requires_grad_(True)
+    algo = PPO(cfg, model, tiny_tokenizer, ref=copy.deepcopy(tiny_model).requires_grad_(False))
+    with torch.no_grad():  # a critic that reads its hidden states (the zero init does not)
+        algo.value_head.linear.weight.normal_(0, 0.1, generator=torch.Generator().manual_seed(0))
+    named = {f"policy.{n}": p for n, p in model.named_parameters()}
+    named |= {f"head.{n}": p for n, p in algo.value_head.named_parameters()}
+    named |= {f"critic.{n}": p for n, p in (algo.trunk.named_parameters() if algo.trunk is not None else [])}
+    captured = {}
+
+    class Spy(torch.optim.SGD):
+        def step(self, closure=None):
+            captured.update({n: p.grad.clone() for n, p in named.items()})
+
+    algo.update(algo.prepare(samples), Spy(algo.param_groups(), lr=0.0))
+    return captured
+
+
+@pytest.mark.parametrize("options", [{}, {"shared_critic": True}, {"grad_accum": 2}, {"micro_batch_tokens": 1}])
+def test_shared_prefix_gives_the_gradients_of_one_row_per_response(options, tiny_model, tiny_tokenizer,
+                                                                   tiny_model_dir):
+    """--shared-prefix on (each group's prompt once: policy, old and reference log-probs, the critic's
+    states) against off: the same gradients of the policy, the critic trunk and the value head."""
+    env = llm_envs.make(LETTER)
+    s = sample(HFEngine(tiny_model, tiny_tokenizer), llm_envs.BatchScorer(env, 0), env.examples("train")[:3], 4, 6,
+               seed=4)
+    s.rewards = torch.tensor([1.0, 0.0, 0.5, 0.2, 0.0, 0.3, 0.9, 0.1, 0.4, 0.4, 0.0, 1.0])
+    critic = {"shared_critic": options.get("shared_critic", False)}  # off: the whole batch, the same critic
+    off = ppo_gradients(tiny_model, tiny_tokenizer, tiny_model_dir, s, shared_prefix="off", **critic)
+    on = ppo_gradients(tiny_model, tiny_tokenizer, tiny_model_dir, s, shared_prefix="on", **options)
+    assert set(on) == set(off) and any(n.startswith("critic.") for n in off) != critic["shared_critic"]
+    for name in off:
+        scale = off[name].abs().max()
+        assert scale > 0, f"{name}: no gradient reached it"
+        assert float((on[name] - off[name]).abs().max() / scale) < 1e-5, name
+
+
 def test_ppo_raises_the_reward(tmp_path, tiny_model_dir):
     out = tmp_path / "run"
     ppo.main(ppo_args(tiny_model_dir, out))
