@@ -36,7 +36,8 @@ import torch
 
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
-from trainers.rl.logprobs import batch_of, token_logprobs
+from trainers.rl.episodes import samples_batch
+from trainers.rl.logprobs import token_logprobs
 from trainers.rl.loop import RLConfig, uses_shared_prefix
 from trainers.rl.losses import clipped_surrogate, kl_k3, masked_sum
 from trainers.rl.policy import clip_and_step, split_batch
@@ -127,7 +128,7 @@ class GRPO:
 
     def padded(self, samples: Samples, part: slice):
         """A micro-batch's tensors: whole groups sharing their prompt, or one row per response."""
-        return batch_of(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device, self.shared)
+        return samples_batch(samples, part, self.pad_id, self.device, self.shared)  # episodes: model tokens only
 
     @torch.no_grad()
     def prepare(self, samples: Samples) -> Batch:

@@ -45,7 +45,8 @@ import torch
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.common.models import compute_dtype
-from trainers.rl.logprobs import batch_of, completion_states, token_logprobs
+from trainers.rl.episodes import last_token, model_token_gae, samples_batch
+from trainers.rl.logprobs import completion_states, token_logprobs
 from trainers.rl.loop import RLConfig, uses_shared_prefix
 from trainers.rl.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, masked_whiten
 from trainers.rl.policy import clip_and_step, load_critic_trunk, split_batch
@@ -102,7 +103,7 @@ class ValueHead(torch.nn.Module):
 def token_rewards(outcome: torch.Tensor, kl: torch.Tensor | None, mask: torch.Tensor, beta: float) -> torch.Tensor:
     """``[B, T]`` rewards: ``-beta * kl`` on every completion token, plus the outcome at the last one."""
     rewards = torch.zeros_like(mask) if kl is None else -beta * kl * mask
-    last = (mask.sum(dim=1).long() - 1).clamp(min=0)
+    last = last_token(mask)  # an episode's last model token (env tokens, mask 0, may follow none)
     rewards[torch.arange(len(last)), last] += outcome.to(rewards)
     return rewards
 
@@ -176,7 +177,7 @@ class PPO:
 
     def forward(self, samples: Samples, part: slice):
         """(log-probs, values, mask) of one micro-batch under the current policy and critic."""
-        mb = batch_of(samples.prompt_ids[part], samples.completion_ids[part], self.pad_id, self.device, self.shared)
+        mb = samples_batch(samples, part, self.pad_id, self.device, self.shared)  # episodes: model tokens only
         if self.trunk is None:
             logp, hidden = token_logprobs(self.model, mb, self.cfg.temperature, hidden=True)
         else:
@@ -206,7 +207,7 @@ class PPO:
             rewards.append(token_rewards(samples.rewards[part].to(self.device), kl, mb.mask, cfg.beta))
         # GAE per micro-batch (rows are independent); whitening over the whole batch's tokens
         # (every process's: their masked sums are added up).
-        adv_ret = [gae(r, v, m, cfg.lam) for r, v, m in zip(rewards, old_values, masks)]
+        adv_ret = [model_token_gae(gae, r, v, m, cfg.lam) for r, v, m in zip(rewards, old_values, masks)]
         advantages, returns = [a for a, _ in adv_ret], [g for _, g in adv_ret]
         if cfg.whiten_advantages:
             width = max(m.shape[1] for m in masks)

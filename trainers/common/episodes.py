@@ -124,7 +124,7 @@ def run_episodes(engine: Engine, scorer: BatchScorer, examples: Sequence[Example
     """``samples`` episodes of each of ``examples`` (example-major) of the multi-turn env
     ``scorer.env``; arguments as ``trainers.common.rollout.rollout`` (``seed``: one per episode or
     one for the call; ``max_new_tokens``: per turn)."""
-    env, tokenizer = scorer.env, engine.tokenizer
+    env, tokenizer = getattr(scorer, "env", scorer), engine.tokenizer  # a BatchScorer, or an env itself
     per_row = [e for e in examples for _ in range(samples)]
     first = encode_prompts(tokenizer, [e.prompt for e in examples])
     episodes = [Episode(e, env.begin(e), [dict(m) for m in e.prompt], list(first[i // samples]))

@@ -87,7 +87,7 @@ def rollout(
     completion (example-major); ``sort=False`` generates in the given order; ``progress`` and
     ``on_progress`` as in ``generate``."""
     start = time.perf_counter()
-    if is_multiturn(scorer.env):  # episodes of several turns; a score is an episode's return
+    if is_multiturn(getattr(scorer, "env", scorer)):  # episodes of several turns; a score is an episode's return
         episodes = run_episodes(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, samples,
                                 top_p, progress, sort, on_progress, perturbation)
         seconds = time.perf_counter() - start

@@ -29,12 +29,18 @@ class Samples:
     rewards: torch.Tensor  # [B] float32
     correct: torch.Tensor  # [B] bool
     group_size: int
+    # Multi-turn episodes (``trainers.rl.episodes``): a completion is everything after the first
+    # prompt, model turns and env turns; per token 1 = the model's (trained on), 0 = the env's.
+    loss_masks: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
 
     @property
     def num_tokens(self) -> int:
+        """The model's tokens (the env's tokens of an episode are context, not counted)."""
+        if self.loss_masks is not None:
+            return sum(sum(m) for m in self.loss_masks)
         return sum(len(c) for c in self.completion_ids)
 
 
@@ -46,6 +52,10 @@ def sample(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], gro
     ``progress`` and ``on_progress`` as in ``generate``)."""
     r = rollout(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size,
                 progress=progress, on_progress=on_progress)
+    if r.episodes is not None:  # a multi-turn env: the exact ids of each episode, the env's masked
+        return Samples(r.examples, [e.prompt_ids for e in r.episodes], [e.ids for e in r.episodes], r.texts,
+                       torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
+                       torch.tensor([bool(s.correct) for s in r.scores]), group_size, [e.mask for e in r.episodes])
     prompt_ids = [ids for ids in encode_prompts(engine.tokenizer, [e.prompt for e in examples]) for _ in range(group_size)]
     return Samples(r.examples, prompt_ids, r.generation.token_ids, r.texts,
                    torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
