@@ -11,7 +11,8 @@ temperature 1. Micro-batches of 8 responses (one group) on both sides: ours ``--
 TRL ``per_device_train_batch_size=8, gradient_accumulation_steps=8``. Configurations:
 
 - ours, ``--shared-prefix off`` and ``on``, in fp32 and in the default dtype (``--dtype auto``);
-  generation on ``--engine`` (default native, what the study uses on CPU);
+  generation on ``--engine`` (default auto, what a user gets: ``trainers.engines.choice``, native on
+  CPU for the default model);
 - ours in one backward pass (no ``--grad-accum``, shared prefix on, default dtype): the memory of
   64 responses at once;
 - TRL (``pip install -e '.[trl]'``), fed through ``llm_envs.trl`` with our steps' prompts in our
@@ -177,7 +178,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--steps", type=int, default=2, help="steps per run (the first warms up)")
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "auto"], choices=["fp32", "bf16", "auto"])
     parser.add_argument("--only", choices=["ours", "trl"], default=None)
-    parser.add_argument("--engine", default="native", choices=["hf", "native", "vllm"], help="our generation engine")
+    parser.add_argument("--engine", default="auto", choices=["auto", "hf", "native", "vllm"],
+                        help="our generation engine (auto: the trainers' default)")
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
