@@ -31,10 +31,12 @@ import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks
+from llm_envs.multiturn import is_multiturn
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
 from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype, resolve_dtype
+from trainers.common.episodes import episode_row, episode_summary
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
@@ -262,7 +264,8 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
                     split=split, data=file_hash(cfg.data) if cfg.data else None, examples=examples_hash(examples),
                     decoding=decoding)
     per_completion = [e for e in examples for _ in range(cfg.samples)]  # rows are prompt-major
-    entry = cache.get(key)
+    episodes = is_multiturn(scorer.env)  # an episode's outcome needs the env's replies: regenerated, never cached
+    entry = None if episodes else cache.get(key)
     cached = entry is not None
     if cached:
         scores = scorer.score_batch([r["completion"] for r in entry["rows"]], per_completion)
@@ -273,9 +276,12 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
         rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done, token_ids=ids)
                 for j, (e, text, n, done, ids) in enumerate(zip(r.examples, out.texts, out.num_tokens, out.finished,
                                                                  out.token_ids))]
+        if r.episodes is not None:  # turns, tool calls and errors, the conversation
+            rows = [row | episode_row(ep) for row, ep in zip(rows, r.episodes)]
         entry = {"rows": rows, "seconds": out.seconds, "tokens": out.total_tokens, "decoding": decoding,
                  "runtime": model.runtime}
-        cache.put(key, entry)
+        if not episodes:
+            cache.put(key, entry)
         scores = r.scores
     # The scorer saw opening + completion; the completion (and its token ids, which KL covers) is generated text only.
     rows = [{"id": row["id"], "sample": row["sample"], "opening": e.opening, "completion": row["completion"],
@@ -324,7 +330,8 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
             "parts_mean": {k: sum(v) / len(v) for k, v in parts.items()},
             "kl_mean": kl_mean, "kl_std": kl_std, "n": len(per_prompt), "responses": len(rows),
             "errors": sum(r["error"] is not None for r in rows), "tokens": entry["tokens"],
-            "seconds": entry["seconds"], "tokens_per_second": entry["tokens"] / max(entry["seconds"], 1e-9)}
+            "seconds": entry["seconds"], "tokens_per_second": entry["tokens"] / max(entry["seconds"], 1e-9),
+            **episode_summary(rows)}
 
 
 def run(cfg: EvalConfig) -> list[dict[str, Any]]:
@@ -342,6 +349,9 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
     cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")
     model = LazyModel(spec.path, cfg.device, cache, cfg.dtype, cfg.engine_options())
     base = None
+    if cfg.kl_to and is_multiturn(env):
+        raise ConfigError(f"--kl-to: {env_id} runs multi-turn episodes; KL over episodes (the model's tokens only) "
+                          f"is not measured yet")
     if cfg.kl_to:
         base_path = spec.base_model if cfg.kl_to == "base" else cfg.kl_to
         base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache, cfg.dtype)
@@ -453,5 +463,8 @@ def _line(s: dict[str, Any]) -> str:
         text += f"  pass@{s['samples']} {s['pass@k'][str(s['samples'])]:.4f}"
     if s["kl_mean"] is not None:
         text += f"  KL {s['kl_mean']:.4f} +- {s['kl_std']:.4f}"
+    if "turns_mean" in s:
+        text += (f"  turns {s['turns_mean']:.2f}  tool calls {s['tool_calls_mean']:.2f}  "
+                 f"tool errors {s['tool_errors_mean']:.2f}")
     speed = f"{s['tokens']} tokens in {s['seconds']:.1f} s = {s['tokens_per_second']:.1f} tokens/s"
     return f"{text}\n  {speed}{' (cached)' if s['cached'] else ''} -> {s['file']}"

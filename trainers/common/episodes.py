@@ -212,3 +212,23 @@ def generation_of(episodes: Sequence[Episode], seconds: float):
     return GenerationResult(texts=[e.last_text for e in episodes], num_tokens=[e.model_tokens for e in episodes],
                             finished=[e.terminated for e in episodes], token_ids=[list(e.ids) for e in episodes],
                             prompt_tokens=[len(e.prompt_ids) for e in episodes], seconds=seconds)
+
+
+def episode_row(ep: Episode) -> dict[str, Any]:
+    """An episode's record for the eval harness's per-example file: its length in turns, its tool
+    calls and errors, how it ended and its conversation."""
+    return {"turns": ep.turns, "tool_calls": ep.tool_calls, "tool_errors": ep.tool_errors,
+            "return": ep.episode_return, "terminated": ep.terminated, "truncated": ep.truncated,
+            "messages": ep.messages}
+
+
+def episode_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Means per episode of turns, tool calls and tool errors, and the fraction truncated, over
+    rows that hold them (``episode_row``); ``{}`` for single-turn rows. Pass@k and the mean return
+    are the harness's own pass@k and reward mean (an episode's reward is its return)."""
+    if not rows or "turns" not in rows[0]:
+        return {}
+    n = len(rows)
+    return {"turns_mean": sum(r["turns"] for r in rows) / n, "tool_calls_mean": sum(r["tool_calls"] for r in rows) / n,
+            "tool_errors_mean": sum(r["tool_errors"] for r in rows) / n,
+            "truncated_rate": sum(r["truncated"] for r in rows) / n}
