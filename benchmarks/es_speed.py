@@ -198,10 +198,13 @@ def measure(case: str, args) -> dict:
             engine.sync_weights()
         return int(tokens.sum())
 
+    for it in range(1, args.warmup + 1):  # untimed (CUDA graphs are captured at first use)
+        iteration(it)
+    calls.clear()
     tokens = 0
     with peak_of() as peak:
         start = time.perf_counter()
-        for it in range(1, args.iterations + 1):
+        for it in range(args.warmup + 1, args.warmup + args.iterations + 1):
             tokens += iteration(it)
         if cuda:
             torch.cuda.synchronize()
@@ -357,6 +360,7 @@ def parse(argv: list[str] | None):
                         help="also time the matrix products of (b) and (c)'s work alone, and print the share of that "
                              "limit each engine's generation reached")
     parser.add_argument("--iterations", type=int, default=1, help="measured iterations per case")
+    parser.add_argument("--warmup", type=int, default=0, help="untimed iterations before them")
     parser.add_argument("--cases", default="full,lowrank,ceiling,member",
                         help="comma-separated subset of full, lowrank, ceiling, member, lora (lora: vLLM only)")
     parser.add_argument("--device", default=None)
@@ -380,8 +384,8 @@ def main(argv: list[str] | None = None) -> None:
 
     common = ["--natural"] * args.natural + ["--limit"] * args.limit
     common += ["--env", args.env, "--prompts", str(args.prompts), "--max-new-tokens", str(args.max_new_tokens),
-              "--rank", str(args.rank), "--iterations", str(args.iterations), "--member-prompts",
-              str(args.member_prompts)]
+              "--rank", str(args.rank), "--iterations", str(args.iterations), "--warmup", str(args.warmup),
+              "--member-prompts", str(args.member_prompts)]
     common += ["--random-init", args.random_init] if args.random_init else ["--model", args.model]
     common += ["--device", args.device] if args.device else []
     cases = [c for c in CASES if c in args.cases.split(",")]

@@ -69,14 +69,15 @@ def peak_rss_gb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9  # Linux: KiB
 
 
-def run_ours(c: dict, steps: int, engine: str, out: Path) -> dict:
+def run_ours(c: dict, steps: int, engine: str, out: Path, extra: tuple[str, ...] = ()) -> dict:
+    """Our GRPO in this process; ``extra``: flags that override the defaults (benchmarks.gpu_speed)."""
     from trainers import grpo
 
     argv = ["--env", ENV, "--env-args", json.dumps(ENV_ARGS), "--steps", str(steps), "--batch-size", str(PROMPTS),
             "--group-size", str(GROUP), "--max-new-tokens", str(TOKENS), "--lr", str(LR), "--beta", "0",
             "--eval-every", "0", "--eval-limit", "1", "--checkpoint-every", "1000", "--engine", engine,
             "--dtype", c["dtype"], "--shared-prefix", c["shared"], "--grad-accum", str(c["grad_accum"]),
-            "--out", str(out / "run")]
+            "--out", str(out / "run"), *extra]
     run = grpo.train(grpo.resolve(argv))
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     steps_log = [r for r in log if "reward_mean" in r]

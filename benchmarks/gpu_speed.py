@@ -1,0 +1,251 @@
+"""GPU speed against the GPU's own limit, in one table from one command (issue 41):
+
+    python -m benchmarks.gpu_speed                       # on a GPU: every row below, < 8 minutes
+    python -m benchmarks.gpu_speed --out runs/gpu-speed.md
+    python -m benchmarks.gpu_speed --smoke               # on the CPU, a tiny model: what CI runs
+
+Random-init models of the paper's shapes (``configs/arch/``, bf16 weights on CUDA; no model hub):
+
+- generation tokens/s of ``hf``, ``native`` eager (finished rows compacted, every kernel launched
+  from Python) and ``native`` with CUDA graphs (fixed shapes, ``trainers/engines/native/static.py``),
+  at 64 and 256 rows x 128 new tokens, on Qwen2.5-0.5B's and Qwen2.5-1.5B's shapes;
+- one low-rank ES iteration, N=64 members x 2 prompts (``benchmarks.es_speed``'s case ``lowrank``),
+  against plain generation of the same 128 rows (its case ``ceiling``), and one full-rank ES
+  iteration, N=8 x 2 prompts (case ``full``): the second iteration timed, the first warms up;
+- one GRPO step, 8 prompts x G=8, 128 tokens, one backward pass, with the shared prefix on and
+  with the padded layout (one row per response: the question whether the grouped layout's
+  attention falls off SDPA's fast kernels), fp32 masters computing in bf16
+  (``benchmarks.rl_speed``'s step, the second timed).
+
+Every row generates exactly its 128 tokens per row (stop tokens suppressed). Each row gives its
+share of the memory-bandwidth limit: a decode step must read every weight once, so the work's
+decode steps x weight bytes / the GPU's bandwidth (``BANDWIDTH``, from the GPU's name; ``--bandwidth``
+for a GPU not listed) is the least time it can take; the share is that over the measured time (the
+KV cache's reads, the prefill and, for ES and GRPO, scoring and updates are not in the limit, so
+they count against the share). The table goes to ``--out`` (default ``$OUT/gpu_speed.md`` when
+``$OUT`` is set, else ``runs/gpu_speed.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from benchmarks import es_speed, gpu_check, rl_speed
+from trainers.common.config import Parser
+from trainers.common.hardware import machine_line
+from trainers.engines.native import NativeEngine
+
+#: Memory bandwidth (TB/s) and dense bf16 throughput (TFLOP/s) from the vendors' data sheets, by
+#: words of ``torch.cuda.get_device_name``; the first entry whose words all occur wins.
+BANDWIDTH = [
+    (("h200",), 4.8, 989), (("h100", "nvl"), 3.9, 835), (("h100", "pcie"), 2.0, 756), (("h100",), 3.35, 989),
+    (("b200",), 8.0, 2250), (("a100", "80gb", "pcie"), 1.935, 312), (("a100", "80gb"), 2.039, 312),
+    (("a100",), 1.555, 312), (("l40s",), 0.864, 362), (("l40",), 0.864, 181), (("l4",), 0.3, 121),
+    (("a10g",), 0.6, 70), (("a10",), 0.6, 125), (("rtx", "4090"), 1.008, 165), (("v100",), 0.9, 125),
+]
+SMOKE = dict(archs=["tiny"], rows=[4, 8], tokens=8, population=4, prompts=2, full_population=2, grpo_prompts=2,
+             group=2)
+
+
+def gpu_limits(name: str) -> tuple[float, float] | None:
+    """(TB/s, bf16 TFLOP/s) of the GPU named ``name``, or None when ``BANDWIDTH`` does not list it."""
+    words = name.lower().replace("-", " ").replace("_", " ").split()
+    for keys, tbs, tflops in BANDWIDTH:
+        if all(any(k == w or (k in w and len(k) > 3) for w in words) for k in keys):
+            return tbs, tflops
+    return None
+
+
+@dataclass
+class Row:
+    what: str
+    model: str
+    engine: str
+    shape: str
+    seconds: float | None  # None: the row failed (``note`` says why)
+    tokens: int = 0
+    steps: int = 0  # decode steps the work needs: each reads every weight once
+    weight_bytes: int = 0
+    note: str = ""
+
+    def line(self, bandwidth: float | None) -> str:
+        if self.seconds is None:
+            return f"| {self.what} | {self.model} | {self.engine} | {self.shape} | failed | | | {self.note} |"
+        share = f"{self.steps * self.weight_bytes / (bandwidth * 1e12) / self.seconds:.1%}" if bandwidth else "n/a"
+        return (f"| {self.what} | {self.model} | {self.engine} | {self.shape} | {self.seconds:.3f} | "
+                f"{self.tokens / self.seconds:,.0f} | {share} | {self.note} |")
+
+
+def attempt(row: Row, measure) -> Row:
+    """``measure(row)`` fills the row in; a failure becomes a failed row naming the error."""
+    try:
+        measure(row)
+    except Exception as exc:  # one failing row must not cost the whole table
+        row.seconds, row.note = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return row
+
+
+def weight_bytes(model, dtype: torch.dtype) -> int:
+    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+
+
+def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int], tokens: int) -> list[Row]:
+    """Tokens/s of hf, native eager and native with graphs (on CPU: the fixed-shape path, no graphs)."""
+    model, tokenizer = gpu_check.build_model(arch, None, device, dtype)
+    size = weight_bytes(model, dtype)
+    cuda = device == "cuda"
+    engines = {"hf": lambda: "hf", "native eager": lambda: NativeEngine(model, tokenizer, fixed_shapes=False),
+               "native graphs" if cuda else "native fixed shapes (CPU: no graphs)":
+                   lambda: NativeEngine(model, tokenizer, fixed_shapes=True)}
+    out = []
+    for n in rows:
+        for name, build in engines.items():
+            def measure(row: Row, build=build, n=n) -> None:
+                speed = gpu_check.tokens_per_second(model, tokenizer, build(), n, tokens)
+                row.seconds, row.tokens, row.steps, row.weight_bytes = n * tokens / speed, n * tokens, tokens, size
+
+            out.append(attempt(Row("generation", arch, name, f"{n} x {tokens}", None), measure))
+    del model
+    return out
+
+
+def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, population: int, prompts: int,
+            full_population: int, tokens: int) -> list[Row]:
+    """es_speed's cases lowrank, ceiling (its plain generation) and full, one warm-up iteration each."""
+    source = ["--model", str(model_dir)] if model_dir else ["--random-init", arch]
+    out = {}
+    for case, n in (("ceiling", population), ("lowrank", population), ("full", full_population)):
+        args = es_speed.parse([*source, "--engine", "native", "--population", str(n), "--prompts", str(prompts),
+                               "--max-new-tokens", str(tokens), "--warmup", "1", "--device", device, "--dtype", dtype])
+        args.population, args.engine, args.dtype = args.population[0], args.engine[0], args.dtype[0]
+        what = {"ceiling": "plain generation of the ES rows", "lowrank": "ES iteration, low-rank",
+                "full": "ES iteration, full-rank"}[case]
+
+        def measure(row: Row, case=case, args=args, n=n) -> None:
+            r = es_speed.measure(case, args)
+            row.seconds, row.tokens, row.weight_bytes = r["seconds"], int(r["tokens"]), r["weight_bytes"]
+            row.steps = tokens * (n if case == "full" else 1)  # full rank: one call per member
+            row.note = f"generation {r['generation_seconds']:.3f} s"
+
+        out[case] = attempt(Row(what, arch, "native", f"N={n} x {prompts} prompts x {tokens}", None), measure)
+    low, plain = out["lowrank"], out["ceiling"]
+    if low.seconds and plain.seconds:
+        low.note += f"; {plain.seconds / low.seconds:.2f}x plain generation's speed (target >= 0.85)"
+    return list(out.values())
+
+
+def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int, group: int, tokens: int,
+              size: int) -> list[Row]:
+    """rl_speed's GRPO step, shared prefix on and off, the second step timed."""
+    out = []
+    for shared in ("on", "off"):
+        def measure(row: Row, shared=shared) -> None:
+            extra = ("--model", str(model_dir), "--max-new-tokens", str(tokens), "--batch-size", str(prompts),
+                     "--group-size", str(group), "--device", device)
+            with tempfile.TemporaryDirectory() as tmp:
+                run = rl_speed.run_ours({"who": "ours", "dtype": dtype, "shared": shared, "grad_accum": 1}, 2,
+                                        "native", Path(tmp), extra)
+            r = rl_speed.summary([{**run, "peak_gb": rl_speed.peak_rss_gb()}])
+            if "error" in r:
+                raise RuntimeError(r["error"])
+            # the limit is the sampling's: its decode steps; the update's time counts against it
+            row.seconds, row.tokens, row.steps, row.weight_bytes = r["step"], prompts * group * tokens, tokens, size
+            row.note = f"sampling {r['sampling']:.3f} s, update {r['update']:.3f} s"
+
+        layout = "shared prefix" if shared == "on" else "padded, one row per response"
+        out.append(attempt(Row(f"GRPO step, {layout}", arch, "native", f"{prompts} x G={group} x {tokens}", None),
+                           measure))
+    return out
+
+
+def default_out() -> Path:
+    return Path(os.environ["OUT"]) / "gpu_speed.md" if os.environ.get("OUT") else Path("runs") / "gpu_speed.md"
+
+
+def parse(argv: list[str] | None):
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("--archs", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b"],
+                        help="architectures of the generation rows (configs/arch/NAME.json)")
+    parser.add_argument("--es-arch", default="qwen2.5-0.5b", help="the architecture of the ES and GRPO rows")
+    parser.add_argument("--rows", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per row, every row")
+    parser.add_argument("--population", type=int, default=64, help="low-rank ES: N")
+    parser.add_argument("--prompts", type=int, default=2, help="ES prompts per member")
+    parser.add_argument("--full-population", type=int, default=8, help="full-rank ES: N")
+    parser.add_argument("--grpo-prompts", type=int, default=8)
+    parser.add_argument("--group", type=int, default=8, help="GRPO's G")
+    parser.add_argument("--bandwidth", type=float, default=None, help="TB/s, for a GPU the module's table lacks")
+    parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model, a few rows and tokens (CI)")
+    parser.add_argument("--out", type=Path, default=None, help="where the table goes (default: $OUT/gpu_speed.md "
+                                                              "when $OUT is set, else runs/gpu_speed.md)")
+    args = parser.parse_args(argv)
+    if args.smoke:
+        args.device = "cpu"
+        for key, value in SMOKE.items():
+            setattr(args, key, value)
+        args.es_arch = "tiny"
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    cuda = args.device == "cuda"
+    if cuda and not torch.cuda.is_available():
+        print("gpu_speed: no CUDA device here, so there is nothing to time (run it on a machine with a GPU, or "
+              "--smoke on the CPU)")
+        return 0
+    start = time.perf_counter()
+    dtype = torch.bfloat16 if cuda else torch.float32
+    name = torch.cuda.get_device_name(0) if cuda else "cpu"
+    limits = gpu_limits(name) if cuda else None
+    bandwidth = args.bandwidth or (limits[0] if limits else None)
+    head = [f"gpu_speed on {name}: " + (f"memory bandwidth {bandwidth:g} TB/s" if bandwidth else
+                                         "memory bandwidth unknown (give --bandwidth TB/s)")
+            + (f", dense bf16 {limits[1]:g} TFLOP/s" if limits else "")
+            + (f", {torch.cuda.get_device_properties(0).total_memory / 2**30:.0f} GiB" if cuda else "")
+            + f"; {machine_line(args.device)}; torch {torch.__version__}; random-init weights in "
+            f"{str(dtype).removeprefix('torch.')}; every row generates exactly {args.tokens} tokens per row",
+            "", "| what | model | engine | rows | seconds | tokens/s | % of bandwidth limit | note |",
+            "|---|---|---|---|---:|---:|---:|---|"]
+    print("\n".join(head), flush=True)
+    rows: list[Row] = []
+
+    def report(new: list[Row]) -> None:
+        for row in new:
+            print(row.line(bandwidth), flush=True)
+        rows.extend(new)
+
+    for arch in args.archs:
+        report(generation_rows(arch, args.device, dtype, args.rows, args.tokens))
+    with tempfile.TemporaryDirectory() as tmp:
+        model, tokenizer = gpu_check.build_model(args.es_arch, None, args.device, dtype)
+        size = weight_bytes(model, dtype)
+        gpu_check.save_model(model, tokenizer, Path(tmp) / "model")
+        del model
+        local = Path(tmp) / "model" if args.es_arch == "tiny" else None  # es_speed builds paper shapes itself
+        mode = "auto" if cuda else "fp32"
+        report(es_rows(args.es_arch, local, args.device, mode, args.population, args.prompts, args.full_population,
+                       args.tokens))
+        report(grpo_rows(args.es_arch, Path(tmp) / "model", args.device, mode, args.grpo_prompts, args.group,
+                         args.tokens, size))
+    table = [*head, *(r.line(bandwidth) for r in rows), "",
+             f"{time.perf_counter() - start:.0f} s in all; the limit: decode steps x weight bytes / bandwidth"]
+    print(table[-1], flush=True)
+    out = args.out or default_out()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("\n".join(table) + "\n")
+    print(f"table written to {out}")
+    failed = [r for r in rows if r.seconds is None]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
