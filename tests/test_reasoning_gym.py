@@ -199,7 +199,7 @@ def test_golden_answers(task, forked):
             (f"I think it is {right}.", ex, 0.0),  # no answer block
             (golden("wrong") + f"\nNo wait.\n<answer> {right} </answer>", ex, 1.0),  # the last one counts
             (golden(right) + "\n<answer>wrong</answer>", ex, None),
-            (f"<think>x</think>\n<answer> {right} ", ex, 1.0),  # answered, then stopped without closing
+            (f"<think>x</think>\n<answer> {right} ", ex, 0.0),  # never closed: no answer, as in reasoning-gym
             (golden("wrong") + f"\n<answer>{right}", ex, None),  # a closed block beats a later open one
             (golden(right) + "\nMore text.\n<answer>", ex, 1.0),  # so an empty open tail does not hide it
         ]
@@ -210,8 +210,8 @@ def test_golden_answers(task, forked):
             assert score.reward < 1.0 and not score.correct, (completion, ex.answer, score)
         else:
             assert score.reward == expected and score.correct == (expected == 1.0), (completion, score)
-            closed = 1.0 if "</answer>" in completion else 0.5  # the block scored: closed if any is
-            assert score.parts == {"format": closed if "<answer>" in completion else 0.0, "answer": expected}
+            closed = 1.0 if "</answer>" in completion else 0.0  # an open block alone is no answer
+            assert score.parts == {"format": closed, "answer": expected}
     # The opening is part of the scored turn: step() takes the completion alone.
     env.reset(options={"split": "test", "index": 0})
     _, reward, terminated, _, info = env.step(f"Easy.</think>\n<answer>{examples[0].answer}</answer>")
@@ -219,8 +219,11 @@ def test_golden_answers(task, forked):
     env.close()
     opened = make(task, train_size=0, test_size=1, opening="<think>x</think>\n<answer>")
     assert opened.score(f"{examples[0].answer}</answer>", opened.examples("test")[0]).reward == 1.0
-    assert opened.score(f"{examples[0].answer}", opened.examples("test")[0]).reward == 1.0  # the stop token came first
+    assert opened.score(f"{examples[0].answer}", opened.examples("test")[0]).reward == 0.0  # the stop token came first
     opened.close()
+    lenient = make(task, train_size=0, test_size=1, opening="<think>x</think>\n<answer>", lenient_unclosed=True)
+    assert lenient.score(f"{examples[0].answer}", lenient.examples("test")[0]).reward == 1.0  # read to the end
+    lenient.close()
 
 
 @pytest.mark.parametrize("task", ["basic_arithmetic", "word_sorting", "spell_backward", "letter_jumble"])
@@ -269,16 +272,18 @@ def test_correct_needs_the_exact_answer_not_junk_rounding_to_one(task, forked):
     env.close()
 
 
-def test_format_part_says_how_the_scored_block_was_read(forked):
-    env = make("basic_arithmetic", **TINY, train_size=0, test_size=1)
+@pytest.mark.parametrize("lenient", [False, True])
+def test_format_part_says_how_the_scored_block_was_read(forked, lenient):
+    env = make("basic_arithmetic", **TINY, train_size=0, test_size=1, lenient_unclosed=lenient)
     ex = env.examples("test")[0]
     right = ex.answer
+    opened = (1.0, 0.5) if lenient else (0.0, 0.0)  # an open block alone: read to the end only if lenient
     cases = {  # completion: (reward, format)
         f"<answer>{right}</answer><answer>{right}": (1.0, 1.0),  # the closed block is the one scored
         f"<answer>{right}</answer> then <answer>wrong": (1.0, 1.0),
         f"<answer>wrong</answer> then <answer>{right}": (0.0, 1.0),
-        f"<answer>{right}": (1.0, 0.5),  # no closed block: the open one, read to the end
-        f"</answer> <answer><answer>{right}": (1.0, 0.5),
+        f"<answer>{right}": opened,
+        f"</answer> <answer><answer>{right}": opened,
         f"the answer is {right}": (0.0, 0.0),
     }
     scores = env.score_batch(list(cases), [ex] * len(cases), workers=1)

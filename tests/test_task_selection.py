@@ -76,6 +76,7 @@ def test_extraction_counts_open_answer_blocks_and_scores_the_closed_only_parser(
     assert ts.unclosed_answer("<answer>7") and ts.unclosed_answer("<answer>1</answer> then <answer>2")
     assert not ts.unclosed_answer("<answer>7</answer>") and not ts.unclosed_answer("7")
     env = llm_envs.make("rg/chain_sum-v0", min_terms=2, max_terms=2, min_digits=1, max_digits=1, opening="<answer>",
+                        lenient_unclosed=True,  # the reading this measures (no longer the default)
                         train_size=0, test_size=4)
     examples = env.examples("test")
     cases = [(examples[0].answer, True),                                  # open at the stop token, right

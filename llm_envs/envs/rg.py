@@ -25,18 +25,22 @@
   ``<answer> </answer>`` tags, with one worked example of that format (``SYSTEM_PROMPT``); the task's question as the user's message; the assistant's turn
   opened with "Let me solve this step by step.\\n<think>" (``opening=False``: none; a string:
   that one).
-- **Reward**: the task's own ``score_answer(answer, entry)`` of the content of the LAST closed
-  ``<answer>...</answer>`` block of the whole assistant turn (opening + completion), stripped, as
-  reasoning-gym's ``extract_answer`` reads it (anything after it, an unclosed ``<answer>``
-  included, is ignored). Only a turn with no closed block but an ``<answer>`` it never closed (a
-  small model writes its answer, then its stop token) is read from its last ``<answer>`` to its end
-  (``parsing.final_answer``); no answer block scores 0. ``correct`` is ``reward == 1.0`` exactly:
+- **Reward**: exactly reasoning-gym's: the task's own ``score_answer(extract_answer(turn), entry)``
+  of the whole assistant turn (opening + completion). ``extract_answer`` reads the content of the
+  LAST closed ``<answer>...</answer>`` block, stripped (the leftmost-lazy match: a nested
+  ``<answer>a<answer>b</answer>`` reads ``a<answer>b``); an unclosed ``<answer>``, e.g. an answer
+  cut off by ``max_new_tokens``, is no answer, as is a turn without a block: the task scores
+  ``None`` (0 in most tasks; countdown gives it 0.01).
+  ``lenient_unclosed=True`` (off by default, and then said in ``reset``'s info) also reads a turn
+  with no closed block from its last ``<answer>`` to its end (``parsing.final_answer``): more
+  generous than the task, which a trainer can learn to exploit (docs/environments.md).
+  ``correct`` is ``reward == 1.0`` exactly:
   reasoning-gym's scorers give a literal 1.0 for an answer they accept, while spell_backward's and
   letter_jumble's partial credits (float sums of 1/n) land a rounding error off 1 (e.g.
   0.9999999999999999, 1.0000000000000002) for an answer with junk after the right one; letter_jumble's also reaches exactly 1.0 for it, so
   its ``correct`` also needs its own exact match (``EXACT_MATCH_CORRECT``). ``parts``: ``format``
-  for the block scored (1 when it is closed, 0.5 when it was left open, 0 for none: 1 exactly when
-  ``extract_answer`` finds the answer, so ``<answer>5</answer><answer>5`` has 1) and ``answer``
+  for the block scored (1 when it is closed, 0.5 when an open one was read under
+  ``lenient_unclosed``, 0 for none) and ``answer``
   (the task's score). Each example keeps its reasoning-gym entry: ``answer`` is the
   entry's answer (``None`` for tasks with many valid answers, scored by checking the model's),
   ``meta`` holds the ``task``, ``question`` and ``metadata`` (``entry(example)`` rebuilds it).
@@ -120,7 +124,7 @@ NEEDS_CONFIG: dict[str, str] = {
 EXACT_MATCH_CORRECT = frozenset({"letter_jumble"})
 
 #: The env's own keyword arguments (every other one is a field of the task's config).
-ENV_ARGS = ("data", "seed", "train_size", "test_size", "opening", "system_prompt")
+ENV_ARGS = ("data", "seed", "train_size", "test_size", "opening", "system_prompt", "lenient_unclosed")
 
 #: The paper's system prompt (Countdown's and Sudoku's), its answer-format instruction (reasoning-gym
 #: questions say what to answer, not where) and one worked example of the format. The example is
@@ -221,6 +225,8 @@ class ReasoningGymEnv(TaskEnv):
         opening: ``True``: "Let me solve this step by step.\\n<think>" (``OPENING``); ``False``:
             none; a string: that opening instead.
         system_prompt: the system message (``SYSTEM_PROMPT``); ``None`` for none.
+        lenient_unclosed: also score a turn with no closed ``<answer>`` block from its last
+            ``<answer>`` to its end (off: reasoning-gym's own scoring, an unclosed block scores 0).
         **config: fields of the task's config dataclass (not ``seed`` or ``size``).
     """
 
@@ -238,6 +244,7 @@ class ReasoningGymEnv(TaskEnv):
         test_size: int = 200,
         opening: bool | str = True,
         system_prompt: str | None = SYSTEM_PROMPT,
+        lenient_unclosed: bool = False,
         **config: Any,
     ):
         super().__init__(data=data, seed=seed, opening=opening)
@@ -249,6 +256,9 @@ class ReasoningGymEnv(TaskEnv):
                 raise ValueError(f"{self.env_id}: {split}_size must be an int in 0..{MAX_SPLIT}, got {size!r}")
         self.sizes = sizes
         self.system_prompt = system_prompt
+        if not isinstance(lenient_unclosed, bool):
+            raise TypeError(f"{self.env_id}: lenient_unclosed must be true or false, got {lenient_unclosed!r}")
+        self.lenient_unclosed = lenient_unclosed
         self.task_config = self._check_config(config)
         self.dropped_from_train = 0  # train examples dropped for repeating a test question
         self._scoring_dataset: Any = None  # built by prepare_scoring
@@ -357,21 +367,29 @@ class ReasoningGymEnv(TaskEnv):
             self._scoring_dataset = self._dataset(self._config("test", size=1))
 
     def score_completion(self, completion: str, example: Example) -> Score:
-        # The last closed <answer> block (reasoning-gym's extract_answer), else one left open.
-        answer = final_answer(completion)
-        if answer is None:
-            return Score(0.0, False, {"format": 0.0, "answer": 0.0})
+        # reasoning-gym's extract_answer: the last closed <answer> block (an open one only if lenient).
+        answer = last_tag(completion, "answer")
+        closed = answer is not None
+        if answer is None and self.lenient_unclosed:
+            answer = final_answer(completion)
         self.prepare_scoring()
+        # No answer goes to the scorer too: some tasks give it a floor (countdown: 0.01), as in reasoning-gym.
         reward = float(self._scoring_dataset.score_answer(answer, entry(example)))
+        if answer is None:
+            return Score(reward, False, {"format": 0.0, "answer": reward})
         # Exactly 1.0, no tolerance: scorers return a literal 1.0 (or n/n) for an answer they accept;
         # what lands a rounding error off 1 is a float sum of partial credits (see EXACT_MATCH_CORRECT).
         # Golden answers score exactly 1.0 in every task that has them (30 items each, reasoning-gym 0.1.25).
         correct = reward == 1.0
         if correct and example.meta["metadata"].get("source_dataset", self.task) in EXACT_MATCH_CORRECT:
             correct = answer.lower() == str(example.answer).strip().lower()
-        # final_answer reads an open block only when there is no closed one: format says which it scored.
-        closed = last_tag(completion, "answer") is not None
         return Score(reward, correct, {"format": 1.0 if closed else 0.5, "answer": reward})
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        obs, info = super().reset(seed=seed, options=options)
+        if self.lenient_unclosed:  # scoring more generous than the task's own: said where it is on
+            info["lenient_unclosed"] = True
+        return obs, info
 
     def __getstate__(self) -> dict[str, Any]:
         # What a scoring worker needs: the task and its config, not the examples or the dataset
