@@ -8,6 +8,8 @@ One concern per file (sampling, shared with the hf engine, is ``trainers/engines
 - ``rows.py``: low-rank members added per row, the factors of q/k/v and gate/up concatenated.
 - ``engine.py``: the scheduler: waves of rows that fit in memory, one prefill, decode steps,
   finished rows leaving the batch.
+- ``static.py``: the same at fixed shapes (CUDA's default): buffers kept across calls, batch-size
+  buckets, finished rows masked, and each decode step replayed as a CUDA graph.
 """
 
 from trainers.engines.native.engine import NativeEngine
