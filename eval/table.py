@@ -1,7 +1,8 @@
 """Tables from evaluation results: the paper's Table 1 (accuracy per base model and method),
 Table 2 (conciseness: reward and KL across seeds, reward hacking flagged) and, for an
 environment measured on several splits (MATH-v0's five benchmarks), a split table (columns in the
-order of the env's ``eval_splits``).
+order of the env's ``eval_splits``), and, for multi-turn environments, an episode table (pass@1,
+pass@k, mean return, turns, tool calls and tool errors per episode).
 
     python -m eval.table runs/eval/smollm2-135m runs/es-Countdown-v0-* [--format markdown|latex|csv] [--paper]
 
@@ -190,6 +191,31 @@ def split_table(records: list[dict[str, Any]]) -> list[Table]:
     return tables
 
 
+def episode_table(records: list[dict[str, Any]]) -> list[Table]:
+    """Per multi-turn environment and split (records with ``turns_mean``): rows model + method (+
+    checkpoint); pass@1 (%), the largest pass@k measured (%), mean return, turns, tool calls and tool
+    errors per episode, each a mean over the records (seeds) of a row."""
+    tables = []
+    for (env, split), group in group_by([r for r in records if "turns_mean" in r], ("env", "split")).items():
+        table = Table(f"{env} ({split}): multi-turn episodes", ["Model", "pass@1 (%)", "pass@k (%)", "Return",
+                                                                "Turns", "Tool calls", "Tool errors"])
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for r in group:
+            label = f"{model_name(str(r.get('base_model')))} {r['method']}"
+            label += f" (iter {r['iteration']})" if r.get("iteration") is not None else ""
+            label += "" if is_greedy(r) else f", sampled x{r.get('samples')}"
+            rows.setdefault(label, []).append(r)
+        for label, rs in rows.items():
+            k = max(int(x) for r in rs for x in (r.get("pass@k") or {"1": 0}))
+            passk = [100 * (r.get("pass@k") or {}).get(str(k), r["pass@1"]) for r in rs]
+            table.rows.append([label, f"{_mean([100 * r['pass@1'] for r in rs]):.1f}", f"{_mean(passk):.1f} (k={k})",
+                               f"{_mean([r['reward_mean'] for r in rs]):.3f}",
+                               *(f"{_mean([r[key] for r in rs]):.2f}"
+                                 for key in ("turns_mean", "tool_calls_mean", "tool_errors_mean"))])
+        tables.append(table)
+    return tables
+
+
 def _eval_splits(env_id: str) -> tuple[str, ...]:
     """The evaluation splits ``env_id`` declares, in its order (none for an env not registered here)."""
     import llm_envs
@@ -263,7 +289,7 @@ def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> lis
 
 
 def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False) -> list[Table]:
-    """The tables ``which`` (1, 2, splits or all) of ``records``."""
+    """The tables ``which`` (1, 2, splits, episodes or all) of ``records``."""
     tables = []
     if which in ("1", "all"):
         tables += method_table(records, paper)
@@ -271,6 +297,8 @@ def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False
         tables += split_table(records)
     if which in ("2", "all"):
         tables += conciseness_table(records, paper)
+    if which in ("episodes", "all"):
+        tables += episode_table(records)
     return tables
 
 
@@ -325,7 +353,7 @@ def main(argv: list[str] | None = None) -> str:
     parser = Parser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="summary files, run dirs or directories of them")
     parser.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
-    parser.add_argument("--table", choices=["1", "2", "splits", "all"], default="all", help="which tables")
+    parser.add_argument("--table", choices=["1", "2", "splits", "episodes", "all"], default="all", help="which tables")
     parser.add_argument("--paper", action="store_true", help="add the paper's published numbers beside ours")
     parser.add_argument("--out", help="write the tables to this file too")
     args = parser.parse_args(argv)
