@@ -250,6 +250,7 @@ def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
     assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()
     [runtime] = [json.loads(line) for line in (out / "runtime.jsonl").read_text().splitlines()]
     assert runtime["engine"] == "native"  # --engine auto, the default: native runs the tiny Llama on CPU
+    assert runtime["engine_why"].startswith("auto: native runs llama models and was measured faster")
 
 
 def test_dr_grpo_raises_the_reward_without_a_reference_model(tmp_path, tiny_model_dir, monkeypatch):

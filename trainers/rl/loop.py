@@ -161,7 +161,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     ranks.shard(ref)
     algo = algorithm(cfg, model, tokenizer, ref, ranks)
     ranks.shard(*algo.modules.values())  # PPO's critic
-    run.note_runtime(model, done, engine.name, dtype, precision=decision.record())
+    run.note_runtime(model, done, engine.name, dtype, precision=decision.record(), engine_why=engine_why)
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
     # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
