@@ -91,14 +91,22 @@ def test_every_command_defaults_to_auto_and_resolves_it_alike(tiny_model, tiny_t
     assert grpo.resolve([]).engine == grpo.resolve(["--loss", "dr_grpo"]).engine == ppo.resolve([]).engine == "auto"
     assert build_config(EvalConfig, {"model": str(tiny_model_dir)}).engine == "auto"  # not a trainer run
     for noise in ("lowrank", "full"):  # ES: native in both noise modes (full-rank measured 1.31x in fp32)
-        assert es.engine_for(build_config(es.ESConfig, {"noise": noise}), tiny_model).engine == "native"
+        assert es.engine_for(build_config(es.ESConfig, {"noise": noise}), tiny_model)[0].engine == "native"
     gpt2 = tiny_gpt2(tiny_tokenizer)
-    assert es.engine_for(build_config(es.ESConfig, {"noise": "lowrank"}), gpt2).engine == "hf"
+    assert es.engine_for(build_config(es.ESConfig, {"noise": "lowrank"}), gpt2)[0].engine == "hf"
     asked = build_config(es.ESConfig, {"engine": "hf"})
-    assert es.engine_for(asked, tiny_model).engine == "hf"  # an explicit choice stands
-    assert resolve_engine(asked.engine_options(), tiny_model)[1] == "asked for (--engine hf)"
+    assert es.engine_for(asked, tiny_model) == resolve_engine(asked.engine_options(), tiny_model)  # one decision
+    assert es.engine_for(asked, tiny_model)[1] == "asked for (--engine hf)"  # an explicit choice stands
     assert isinstance(make_engine("auto", tiny_model, tiny_tokenizer), NativeEngine)
     assert isinstance(make_engine("auto", gpt2, tiny_tokenizer), HFEngine)
+
+
+def test_an_es_run_records_the_engine_auto_picked_and_why(tiny_model_dir, tmp_path):
+    out = tmp_path / "run"
+    es.main(["--env", "Conciseness-v0", "--model", str(tiny_model_dir), "--out", str(out), "--iterations", "1",
+             "--population", "2", "--max-new-tokens", "4", "--eval-every", "0", "--dtype", "fp32"])
+    [runtime] = [json.loads(line) for line in (out / "runtime.jsonl").read_text().splitlines()]
+    assert runtime["engine"] == "native" and runtime["engine_why"].startswith("auto: native runs llama models")
 
 
 def test_eval_records_the_engine_auto_picked_and_why(tiny_model_dir, tmp_path):

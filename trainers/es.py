@@ -283,13 +283,13 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         tokens[n] = sum(t for _, t in scored)
 
 
-def engine_for(cfg: ESConfig, model) -> EngineOptions:
-    """The engine options of a run, ``--engine auto`` resolved for ``model`` on its device the way
-    every command resolves it (``trainers.engines.choice``: native where it runs the model on CPU or
-    CUDA, in both noise modes; hf otherwise)."""
+def engine_for(cfg: ESConfig, model) -> tuple[EngineOptions, str]:
+    """The engine options of a run and why that engine: ``--engine auto`` resolved for ``model`` on
+    its device the way every command resolves it (``trainers.engines.choice``: native where it runs
+    the model on CPU or CUDA, in both noise modes; hf otherwise)."""
     from trainers.engines.choice import resolve_engine
 
-    return resolve_engine(cfg.engine_options(), model)[0]
+    return resolve_engine(cfg.engine_options(), model)
 
 
 def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:
@@ -400,8 +400,9 @@ def train(cfg: ESConfig) -> Path:
     done = log.done
     model, tokenizer, params, layers = load_weights(cfg, dist, log, device)
     dist.phase = "the engine's start"
-    engine = make_engine(engine_for(cfg, model), model, tokenizer)  # after the replay: from the current weights
-    run.note_runtime(model, done, engine.name, precision=decision.record())
+    options, engine_why = engine_for(cfg, model)
+    engine = make_engine(options, model, tokenizer)  # after the replay: from the current weights
+    run.note_runtime(model, done, engine.name, precision=decision.record(), engine_why=engine_why)
     if cfg.resume and dist.is_main:
         log.resumed()
         source = f"checkpoint {log.checkpoint}" if log.checkpoint is not None else "the base model"
