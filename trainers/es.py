@@ -57,12 +57,10 @@ from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.update_log import UpdateLog, check_noise_device
 from trainers.common.splits import training_env
-from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.engines import EngineOptions, make_engine
 from trainers.engines.bars import bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
-from trainers.engines.native import unsupported as native_unsupported
-from trainers.engines.options import ENGINES_HELP
 from trainers.noise import fullrank, lowrank
 from trainers.noise.members import FullRankMember, LowRankMembers
 
@@ -103,10 +101,6 @@ class ESConfig(TrainConfig):
                                                          "linear layers, the whole population in one batched generation",
                                                  "choices": ["full", "lowrank"]})
     rank: int = field(default=1, metadata={"help": "R, the rank of --noise lowrank perturbations"})
-    engine: str = field(default=AUTO, metadata={
-        "help": f"generation engine: auto (default: native for --noise lowrank on a Llama/Qwen2 model on CPU, hf "
-                f"otherwise), "
-                f"{ENGINES_HELP}", "choices": [AUTO, *ENGINES]})
     fp32_master: bool = field(default=True, metadata={"help": "bf16/fp16 weights: an fp32 master copy receives the "
                                                               "updates (+4 bytes/parameter), so none is rounded away"})
     temperature: float = field(default=0.0, metadata={"help": "members' decoding: 0 = greedy (the paper's); > 0 samples, "
