@@ -182,7 +182,7 @@ class LazyModel:
         """The engine options, ``auto`` resolved for this model on this device (``trainers.engines.choice``),
         from the model's config alone where it is on disk (a fully cached evaluation loads no weights)."""
         if self.engine_options.engine == AUTO:
-            config = self._loaded[0].config if self._loaded else _local_config(self.path)
+            config = self._loaded[0].config if self._loaded else local_config(self.path)
             self.engine_options.engine, self.engine_why = choose_engine(config or self.get()[0].config, self.device)
         return self.engine_options
 
@@ -211,7 +211,7 @@ class LazyModel:
         return self._fingerprint
 
 
-def _local_config(path: str):
+def local_config(path: str):
     """The ``transformers`` config of a model on disk (the default model's converted copy, a local
     directory, the Hugging Face cache), without its weights; None when it is not there."""
     from transformers import AutoConfig
