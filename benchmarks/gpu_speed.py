@@ -165,6 +165,43 @@ def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int,
     return out
 
 
+def attention_kernels(model) -> str:
+    """Which of SDPA's kernels run each GRPO layout's attention (log-probs, forward and backward),
+    each kernel forced alone: whether the grouped (shared-prefix) layout falls off the fast ones.
+    Groups of 4 ragged responses to 2 prompts of different lengths, as a GRPO batch has."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from trainers.rl.logprobs import group, pad, token_logprobs
+
+    gen = torch.Generator().manual_seed(0)
+    ids = lambda n: torch.randint(3, model.config.vocab_size, (n,), generator=gen).tolist()  # noqa: E731
+    prompts, completions = [], []
+    for width, lengths in ((40, (30, 7, 19, 25)), (23, (12, 30, 1, 9))):
+        prompt = ids(width)
+        prompts += [prompt] * len(lengths)
+        completions += [ids(n) for n in lengths]
+    device = next(model.parameters()).device
+    kernels = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION,
+               SDPBackend.MATH]
+    out = []
+    for name, batch in (("padded", pad(prompts, completions, 0, device)),
+                        ("shared prefix", group(prompts, completions, 0, device))):
+        ran = []
+        for kernel in kernels:
+            try:
+                with sdpa_kernel([kernel]):
+                    model.zero_grad(set_to_none=True)
+                    (token_logprobs(model, batch) * batch.mask).sum().backward()
+                ran.append(kernel.name.lower())
+            except RuntimeError:  # "No available kernel": this kernel does not take that attention
+                pass
+        out.append(f"{name}: {', '.join(ran) or 'none'}")
+    model.zero_grad(set_to_none=True)
+    impl = getattr(model.config, "_attn_implementation", None)
+    return (f"SDPA kernels that run the GRPO update's attention (each forced alone; the model's attention: "
+            f"{impl}): " + "; ".join(out))
+
+
 def default_out() -> Path:
     return Path(os.environ["OUT"]) / "gpu_speed.md" if os.environ.get("OUT") else Path("runs") / "gpu_speed.md"
 
@@ -229,6 +266,11 @@ def main(argv: list[str] | None = None) -> int:
         model, tokenizer = gpu_check.build_model(args.es_arch, None, args.device, dtype)
         size = weight_bytes(model, dtype)
         gpu_check.save_model(model, tokenizer, Path(tmp) / "model")
+        try:
+            kernels = attention_kernels(model)
+        except Exception as exc:  # a probe that cannot run says why
+            kernels = f"SDPA kernels of the GRPO update: probe failed ({type(exc).__name__}: {exc})"
+        print(kernels, flush=True)
         del model
         local = Path(tmp) / "model" if args.es_arch == "tiny" else None  # es_speed builds paper shapes itself
         mode = "auto" if cuda else "fp32"
@@ -236,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.tokens))
         report(grpo_rows(args.es_arch, Path(tmp) / "model", args.device, mode, args.grpo_prompts, args.group,
                          args.tokens, size))
-    table = [*head, *(r.line(bandwidth) for r in rows), "",
+    table = [*head, *(r.line(bandwidth) for r in rows), "", kernels, "",
              f"{time.perf_counter() - start:.0f} s in all; the limit: decode steps x weight bytes / bandwidth"]
     print(table[-1], flush=True)
     out = args.out or default_out()
