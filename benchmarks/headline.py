@@ -67,8 +67,10 @@ def study_lines(studies: list[Study]) -> list[str]:
         cfg, runs = s.results["config"], s.results["runs"]
         hours = s.results.get("wall_seconds_runs", 0.0) / 3600
         settings = ", ".join(f"{m['label']} {m['setting']}" for m in s.methods.values())
+        split = s.results.get("splits", {}).get(s.results["selected_on"])
+        size = f" of {split['examples']} examples, {split['prompts']} distinct prompts" if split else ""
         out.append(f"- **{s.env}** (`{s.path}`): {cfg['seeds']} seeds, {len(runs)} runs, {cfg['max_samples']} training "
-                   f"responses per run, settings selected on the {s.results['selected_on']!r} split ({settings}); "
+                   f"responses per run, settings selected on the {s.results['selected_on']!r} split{size} ({settings}); "
                    f"{numerics(s.results['base'], runs)}; **{hours:.1f} h** of training and evaluation.")
     return out
 

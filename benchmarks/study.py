@@ -50,8 +50,8 @@ from tqdm import tqdm
 
 from benchmarks.study_config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, identity,
                                      settle_study_dtype)
-from benchmarks.study_plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, trainer_argv,
-                                   trainer_of, validation_plan)
+from benchmarks.study_plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, split_plan,
+                                   trainer_argv, trainer_of, validation_plan)
 from benchmarks.study_record import brief, check_device, commit, select
 from benchmarks.study_report import ORIGINAL, hacked, write_report
 from benchmarks.study_run import finish_run, measure
@@ -75,8 +75,8 @@ def study(cfg: StudyConfig) -> Path:
     except KeyError as exc:
         raise ConfigError(f"--eval-split: {exc.args[0]}") from None
     selected_on, validation = validation_plan(cfg, env)
-    n_train = len(env.examples("train")) - (int(validation[1]) if validation[0] == "--val-size" else 0)
-    prompts = prompts_per_step(cfg, n_train)
+    splits = split_plan(cfg, env, selected_on, validation)
+    prompts = prompts_per_step(cfg, splits["train"]["examples"])
     for method in cfg.method_list:
         need = per_step(cfg, method, prompts)
         if cfg.max_samples < need:
@@ -125,7 +125,7 @@ def study(cfg: StudyConfig) -> Path:
     records = []
     for run, argv in zip(runs, argvs):
         dist.phase = f"the study's run {run.label} {run.setting} seed={run.seed}"
-        record = finish_run(cfg, run, argv, bar, cache)
+        record = finish_run(cfg, run, argv, bar, cache, splits)
         if record is not None:
             record["hacked"] = hacked(record, base.get("kl"))
             records.append(record)
@@ -133,7 +133,7 @@ def study(cfg: StudyConfig) -> Path:
     if not dist.is_main:
         return out
     chosen = select(cfg, records)
-    write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start)
+    write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start, splits)
     if cfg.commit:
         commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
     tqdm.write((out / "table1.md").read_text())

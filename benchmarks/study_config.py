@@ -67,6 +67,9 @@ class StudyConfig(EngineOptions):
                                                         "choices": ["eval_pass@1", "eval_reward"]})
     val_size: int | None = field(default=None, metadata={"help": "validation examples carved from train (default: 10%, "
                                                                  f"at least {MIN_VALIDATION}, when train is large enough)"})
+    min_val_prompts: int = field(default=20, metadata={"help": "refuse a validation split (the env's or carved) "
+                                                               "with fewer distinct prompts than this: settings "
+                                                               "selected on a handful of questions are noise"})
     eval_split: str = field(default="test", metadata={"help": "the split the study reports"})
     eval_limit: int | None = field(default=None, metadata={"help": "measure the first K examples of the validation and test splits"})
     kl_samples: int | None = field(default=None, metadata={"help": "sampled responses per test prompt for reward and KL "
@@ -115,6 +118,7 @@ class StudyConfig(EngineOptions):
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
+        check(self.min_val_prompts >= 1, "min_val_prompts", "must be >= 1")
         env_kwargs(self.env_args)
         check_engine(self)
         resolve_engine(self)
@@ -177,5 +181,6 @@ def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> Non
 def identity(cfg: StudyConfig) -> dict[str, Any]:
     """The options that define a study's runs (a resumed study must not mix others in); where the runs
     happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", "unequal_budgets", *INVOCATION)}
+    checks = ("unequal_budgets", "min_val_prompts")  # what the checks accept, not what the runs are
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION)}
 

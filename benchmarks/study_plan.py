@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.study_config import INVOCATION, LABELS, StudyConfig
 from trainers.common.config import ConfigError
-from trainers.common.splits import MIN_VALIDATION, VALIDATION
+from trainers.common.splits import MIN_VALIDATION, VALIDATION, WithValidation, split_counts
 from trainers.engines import ENGINE_FIELDS
 
 @dataclass
@@ -93,6 +93,24 @@ def validation_plan(cfg: StudyConfig, env) -> tuple[str, list[str]]:
             raise ConfigError(f"--val-size {k}: the train split has {n} examples")
         return VALIDATION, ["--val-size", str(k), "--eval-split", VALIDATION]
     return "train", ["--eval-split", "train"]  # too small to carve: select on the training prompts
+
+
+def split_plan(cfg: StudyConfig, env, selected_on: str, validation: list[str]) -> dict[str, dict[str, int]]:
+    """Examples and distinct prompts of the split each run trains on, the one settings are selected on
+    and the reported one (as measured: the first ``--eval-limit``); a validation split with fewer
+    than ``--min-val-prompts`` distinct prompts is refused."""
+    if "--val-size" in validation:
+        env = WithValidation(env, int(validation[validation.index("--val-size") + 1]))
+    limit = cfg.eval_limit
+    counts = {"train": split_counts(env.examples("train"))}
+    for split in dict.fromkeys([selected_on, cfg.eval_split]):
+        counts[split] = split_counts(list(env.examples(split))[:limit] if split != "train" else env.examples(split))
+    if selected_on == VALIDATION and counts[VALIDATION]["prompts"] < cfg.min_val_prompts:
+        c = counts[VALIDATION]
+        raise ConfigError(f"--min-val-prompts {cfg.min_val_prompts}: the validation split holds {c['prompts']} distinct "
+                          f"prompts ({c['examples']} examples); settings selected on so few are noise: raise "
+                          f"--val-size, or lower --min-val-prompts")
+    return counts
 
 
 def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:

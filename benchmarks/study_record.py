@@ -97,13 +97,14 @@ def check_device(cfg: StudyConfig, out: Path) -> None:
 
 
 
-def run_record(run: Run) -> dict[str, Any]:
+def run_record(run: Run, splits: dict[str, dict[str, int]] | None = None) -> dict[str, Any]:
     """The record of a trained run, before its measurements are added: its setting, its validation
-    numbers and curve, and what it trained on."""
+    numbers and curve, what it trained on, and its splits' examples and distinct prompts."""
     return {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
             "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
             "runtime": training_runtime(run), "engines": training_engines(run),
-            "machines": training_machines(run), "shared_prefix": shared_prefix_of(run)}
+            "machines": training_machines(run), "shared_prefix": shared_prefix_of(run),
+            **({"splits": splits} if splits else {})}
 
 
 def brief(summary: dict[str, Any]) -> dict[str, Any]:

@@ -131,15 +131,25 @@ def summarize_methods(cfg, records, chosen) -> dict[str, dict[str, Any]]:
 # ----- writing the report ----------------------------------------------------------------------------------
 
 
-def write_report(cfg, out: Path, records, base, chosen, selected_on: str, seconds: float) -> None:
-    """Every output file of a finished study under ``out``."""
+def split_line(splits: dict[str, dict[str, int]] | None) -> str:
+    """"; splits: train 293 examples (75 distinct prompts), ..." (empty for a study recorded before)."""
+    if not splits:
+        return ""
+    return "; splits: " + ", ".join(f"{name} {c['examples']} examples ({c['prompts']} distinct prompts)"
+                                    for name, c in splits.items())
+
+
+def write_report(cfg, out: Path, records, base, chosen, selected_on: str, seconds: float,
+                 splits: dict[str, dict[str, int]] | None = None) -> None:
+    """Every output file of a finished study under ``out`` (``splits``: each split's examples and
+    distinct prompts, ``study_plan.split_plan``)."""
     methods = summarize_methods(cfg, records, chosen)
     greedy_base = base["greedy"]
     n, mnt, env = greedy_base["n"], greedy_base["max_new_tokens"], greedy_base["env"]
     budgets = ", ".join(f"{m['label']} {responses(m['training_responses'])}" for m in methods.values())
     head = (f"{env}, base model {model_name(cfg.model)}; {cfg.seeds} seed(s); training responses per run (budget "
             f"{cfg.max_samples}): {budgets}; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings "
-            f"selected on the {selected_on!r} split by {cfg.metric}; {numerics(base, records)}")
+            f"selected on the {selected_on!r} split by {cfg.metric}{split_line(splits)}; {numerics(base, records)}")
 
     t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± sample std over seeds",
                ["Method", "Selected setting", "pass@1 (%)", "Reward", "Training responses", "Seeds", "Settings",
@@ -201,7 +211,7 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
 
     results = {"config": asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
                "wall_seconds_runs": run_seconds, "base": base,
-               "selection": chosen, "methods": methods, "runs": records}
+               "selection": chosen, "methods": methods, "runs": records, **({"splits": splits} if splits else {})}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
 
 

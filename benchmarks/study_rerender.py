@@ -23,7 +23,7 @@ def rerender(out: Path) -> None:
     cfg.validate()
     records = results["runs"]
     write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
-                 results["wall_seconds_last_invocation"])
+                 results["wall_seconds_last_invocation"], results.get("splits"))
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -58,7 +58,8 @@ def logged_seconds(run: Run) -> float:
     return sum(r.get("seconds", 0.0) for r in read_jsonl(run.path / "log.jsonl"))
 
 
-def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) -> dict[str, Any] | None:
+def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
+               splits: dict[str, dict[str, int]] | None = None) -> dict[str, Any] | None:
     """Train, validate and measure one run (each step skipped when done before); its record
     (several processes: all train, process 0 measures and returns the record, the others None)."""
     dist = distributed.init()
@@ -74,7 +75,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path) ->
     if not dist.is_main:
         dist.wait_for_main()  # while process 0 measures the run and writes its record
         return None
-    record = run_record(run)
+    record = run_record(run, splits)
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
         record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))

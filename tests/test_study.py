@@ -62,6 +62,9 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     assert {r["validation"]["samples"] for r in runs} == {32}
     # selection on the training prompts (Letter-v0's 4 are too few to carve), never on test
     assert results["selected_on"] == "train"
+    assert results["splits"] == {"train": {"examples": 4, "prompts": 4}, "test": {"examples": 4, "prompts": 4}}
+    assert all(r["splits"] == results["splits"] for r in runs)
+    assert "splits: train 4 examples (4 distinct prompts), test 4 examples (4 distinct prompts)" in table1
     for method, chosen in results["selection"].items():
         assert set(chosen["all"]) == {r["setting"] for r in runs if r["method"] == method}
     assert results["base"]["kl"]["kl_mean"] == 0.0
@@ -180,6 +183,9 @@ def test_the_validation_number_is_the_final_models(tmp_path):
     (["--betas", "-1"], "--betas: must be >= 0"),
     (["--seeds", "0"], "--seeds: must be >= 1"),
     (["--lowrank-population", "7"], "--lowrank-population: must be even with --mirrored"),
+    # 40 distinct training prompts, 10 carved for validation: too few to select on by default
+    (["--env-args", '{"train_size": 40}', "--val-size", "10"], "--min-val-prompts 20: the validation split holds 10 "
+     "distinct prompts (10 examples)"),
     # ES 6 x 8 and RL 6 x 8 = 48 responses, low-rank ES 1 x 32 = 32: 16 apart, two steps of 8
     (["--max-samples", "48", "--lowrank-population", "16"], "--max-samples 48: the methods' actual budgets differ by "
      "16 responses, more than one step of the smallest (8): ES (full-rank) 48 (6 x 8), ES (low-rank) 32 (1 x 32)"),
@@ -191,6 +197,15 @@ def test_bad_input_is_one_line(tmp_path, tiny_model_dir, capsys, extra, message)
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err
     assert not out.exists()
+
+
+def test_a_validation_split_of_enough_distinct_prompts_is_recorded(tmp_path, tiny_model_dir, kill_on_call):
+    """--min-val-prompts accepts what the default refuses above; it is a check, not the study's identity."""
+    out = tmp_path / "study"
+    with kill_on_call(study, "measure", 1):
+        study.main(tiny_argv(out, tiny_model_dir, "--env-args", '{"train_size": 40}', "--val-size", "10",
+                             "--min-val-prompts", "10"))
+    assert "min_val_prompts" not in json.loads((out / "study.json").read_text())
 
 
 def test_unequal_budgets_pass_when_accepted(tmp_path, tiny_model_dir, kill_on_call):

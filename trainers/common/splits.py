@@ -6,10 +6,19 @@ K`` moves K training examples into a ``validation`` split: the run trains on the
 for the environment's training split (the same whatever ``--seed``), so every run of a sweep is
 validated on the same examples; ``trainers.sweep`` selects on them and measures the test split
 only for the run it selected. Both options are in the run's config.yaml.
+
+The carve moves whole prompts: training examples with the same prompt text (a small procedural
+task repeats its questions, e.g. rg/basic_arithmetic-v0 with two one-digit terms holds ~100
+distinct questions in 393 training examples) go to validation together or stay in train together,
+so no validation prompt is trained on. Where every prompt is distinct, the carve is the plain
+seeded choice of K examples; otherwise whole prompts are taken in a seeded order while they fit,
+so validation may hold a few fewer than K examples (``split_counts`` says how many, and how many
+distinct prompts, each split holds).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,9 +35,33 @@ MIN_VALIDATION = 8
 CARVE_SEED = 20240917  # fixed: the carve depends on the training split and K only
 
 
-def carve(n: int, size: int) -> list[int]:
-    """The sorted indices of the ``size`` of ``n`` training examples that form the validation split."""
-    return sorted(int(i) for i in np.random.default_rng(CARVE_SEED).choice(n, size, replace=False))
+def prompt_text(example: Example) -> str:
+    """The text that makes two examples the same question: the whole prompt (every message)."""
+    return json.dumps(example.prompt, sort_keys=True, ensure_ascii=False)
+
+
+def carve(n: int, size: int, keys: Sequence[str] | None = None) -> list[int]:
+    """The sorted indices of the training examples (of ``n``) that form a validation split of at most
+    ``size``: examples with equal ``keys`` (their prompt text) all in it or all out of it."""
+    rng = np.random.default_rng(CARVE_SEED)
+    if keys is None or len(set(keys)) == n:  # every prompt distinct: the plain choice of ``size``
+        return sorted(int(i) for i in rng.choice(n, size, replace=False))
+    groups: dict[str, list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
+    members = list(groups.values())
+    held: list[int] = []
+    for g in rng.permutation(len(members)):
+        if len(held) + len(members[g]) <= size:
+            held += members[g]
+        if len(held) == size:
+            break
+    return sorted(held)
+
+
+def split_counts(examples: Sequence[Example]) -> dict[str, int]:
+    """A split's number of examples and of distinct prompts."""
+    return {"examples": len(examples), "prompts": len({prompt_text(e) for e in examples})}
 
 
 class WithValidation:
@@ -44,7 +77,10 @@ class WithValidation:
         if not 1 <= size < len(train):
             raise ConfigError(f"--val-size {size}: the train split has {len(train)} examples; the validation "
                               f"split takes 1 to {len(train) - 1} of them")
-        held = set(carve(len(train), size))
+        held = set(carve(len(train), size, [prompt_text(e) for e in train]))
+        if not held:
+            raise ConfigError(f"--val-size {size}: every prompt of the train split repeats more than {size} times; "
+                              f"no whole prompt fits a validation split that small")
         self.env = env
         self.splits: dict[str, list[Example]] = {
             "train": [e for i, e in enumerate(train) if i not in held],
