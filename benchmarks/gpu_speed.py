@@ -165,6 +165,31 @@ def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int,
     return out
 
 
+def profiles(arch: str, device: str, dtype: torch.dtype, rows: int, tokens: int) -> str:
+    """Where a decode step's time goes: ``torch.profiler`` over one call of the native engine,
+    eager and at fixed shapes (with graphs on CUDA), after a warm-up call: the ops by device time
+    (CPU time on a CPU), and the wall seconds per step."""
+    from torch.profiler import ProfilerActivity, profile
+
+    model, tokenizer = gpu_check.build_model(arch, None, device, dtype)
+    cuda = device == "cuda"
+    prompts = (gpu_check.PROMPTS * (rows // len(gpu_check.PROMPTS) + 1))[:rows]
+    out = []
+    for name, fixed in (("native eager", False), ("native graphs" if cuda else "native fixed shapes", True)):
+        engine = NativeEngine(model, tokenizer, fixed_shapes=fixed)
+        engine.generate(prompts, tokens, min_new_tokens=tokens)
+        with profile(activities=[ProfilerActivity.CPU, *[ProfilerActivity.CUDA] * cuda]) as prof:
+            start = time.perf_counter()
+            engine.generate(prompts, tokens, min_new_tokens=tokens)
+            seconds = time.perf_counter() - start
+        engine.close()
+        out += [f"## {name}: {arch}, {rows} rows x {tokens} tokens, {seconds / tokens * 1e3:.2f} ms per step "
+                f"(prefill included, under the profiler)", "",
+                prof.key_averages().table(sort_by="device_time_total" if cuda else "cpu_time_total", row_limit=25), ""]
+    del model
+    return "\n".join(out)
+
+
 def attention_kernels(model) -> str:
     """Which of SDPA's kernels run each GRPO layout's attention (log-probs, forward and backward),
     each kernel forced alone: whether the grouped (shared-prefix) layout falls off the fast ones.
@@ -219,6 +244,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--grpo-prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=8, help="GRPO's G")
     parser.add_argument("--bandwidth", type=float, default=None, help="TB/s, for a GPU the module's table lacks")
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the profiles of one native call, eager and with graphs (written beside --out)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     parser.add_argument("--smoke", action="store_true", help="CPU, a tiny model, a few rows and tokens (CI)")
     parser.add_argument("--out", type=Path, default=None, help="where the table goes (default: $OUT/gpu_speed.md "
@@ -285,6 +312,13 @@ def main(argv: list[str] | None = None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(table) + "\n")
     print(f"table written to {out}")
+    if not args.no_profile:
+        where = out.with_name(out.stem + "_profile.txt")
+        try:
+            where.write_text(profiles(args.archs[0], args.device, dtype, args.rows[0], min(args.tokens, 32)))
+            print(f"profiles written to {where}")
+        except Exception as exc:  # the table is what counts; say why the profile is missing
+            print(f"profile failed: {type(exc).__name__}: {exc}")
     failed = [r for r in rows if r.seconds is None]
     return 1 if failed else 0
 

@@ -43,5 +43,7 @@ def test_the_smoke_run_writes_every_row_of_the_table(tmp_path, one_thread):
     for r in rows:  # seconds, tokens/s and the share of the limit, all measured
         assert float(r[4]) > 0 and float(r[5].replace(",", "")) > 0 and re.fullmatch(r"[\d.]+%", r[6]), r
     assert "x plain generation's speed" in rows[len(generation) + 1][7]
+    profile = (tmp_path / "table_profile.txt").read_text()
+    assert "## native eager: tiny" in profile and "## native fixed shapes: tiny" in profile and "aten::mm" in profile
     kernels = next(line for line in text.splitlines() if line.startswith("SDPA kernels"))
     assert "attention: sdpa" in kernels and re.search(r"padded: \w.*; shared prefix: \w", kernels), kernels

@@ -109,7 +109,8 @@ class CapturedStep:
                 step()
         torch.cuda.current_stream().wait_stream(stream)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # thread_local: another thread of the trainer (a progress bar, a scorer) may touch CUDA meanwhile
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
             self.logits = step()
 
     def __call__(self) -> torch.Tensor:
