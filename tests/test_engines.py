@@ -444,7 +444,7 @@ def test_eval_on_vllm_matches_hf_and_caches_per_engine(vllm_model_dir, tmp_path)
 
     args = ["--env", "Conciseness-v0", "--model", str(vllm_model_dir), "--max-new-tokens", "8",
             "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
-    [hf] = cli.main(args)
+    [hf] = cli.main([*args, "--engine", "hf"])
     [vllm] = cli.main([*args, "--engine", "vllm"])
     assert not vllm["cached"] and vllm["engine"] == "vllm" and hf["engine"] == "hf"  # another engine, another key
     assert vllm["pass@1"] == hf["pass@1"] and vllm["reward_mean"] == hf["reward_mean"]

@@ -216,7 +216,7 @@ def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
     assert [r["iteration"] for r in log_of(run) if "reward_mean" in r] == [1, 2]
     args = ["--env", "Conciseness-v0", "--model", str(tiny_model_dir), "--max-new-tokens", "8",
             "--out", str(tmp_path / "out"), "--cache", str(tmp_path / "cache")]
-    [hf] = cli.main(args)
+    [hf] = cli.main([*args, "--engine", "hf"])  # a plain model's default, auto, is native here
     [native] = cli.main([*args, "--engine", "native"])
     assert not native["cached"] and native["engine"] == "native"  # another engine, another cache key
     assert native["pass@1"] == hf["pass@1"] and native["reward_mean"] == hf["reward_mean"]
