@@ -157,7 +157,8 @@ def test_rows_that_do_not_fit_run_in_waves_of_whole_buckets(tiny_model, tiny_tok
     assert waves.token_ids == whole.token_ids
 
 
-def test_buffers_and_factors_are_kept_across_calls_and_refilled(tiny_model, tiny_tokenizer, fake_graphs):
+def test_buffers_and_factors_are_kept_across_calls_and_refilled(tiny_model, tiny_tokenizer, fake_graphs,
+                                                                 monkeypatch):
     """A second call reuses the first's buffers, factors and graphs: the next population's factors
     are copied into the kept tensors (without that copy it would generate the first population's
     text), and a call that needs more rows or columns grows the buffers and captures anew."""
@@ -168,8 +169,14 @@ def test_buffers_and_factors_are_kept_across_calls_and_refilled(tiny_model, tiny
     assert engine.generate(rows, 12, perturbation=first).token_ids == \
         reference.generate(rows, 12, perturbation=first).token_ids
     buffers, factors, graphs = engine.static.buffers, engine.static.noise, len(fake_graphs)
+    assert buffers.slots == 16 and engine.static.held_rows(40, torch.float32) == 16
+    assert engine.static.held_rows(40, torch.bfloat16) == 0 and engine.static.held_rows(200, torch.float32) == 0
+    # the held buffers count as free memory: one wave, though the estimate alone would allow 1 row
+    estimate = native.rows_that_fit
+    monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens: 1)
     out = engine.generate(rows, 12, perturbation=second)
-    assert engine.static.buffers is buffers and engine.static.noise is factors and len(fake_graphs) == graphs
+    monkeypatch.setattr(native, "rows_that_fit", estimate)
+    assert out.batches == 1 and engine.static.buffers is buffers and engine.static.noise is factors and len(fake_graphs) == graphs
     assert out.token_ids == reference.generate(rows, 12, perturbation=second).token_ids
     assert out.token_ids != reference.generate(rows, 12, perturbation=first).token_ids
     # another rank: other factor shapes, so new factors and a new graph; the buffers stay

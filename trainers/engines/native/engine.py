@@ -67,7 +67,7 @@ class NativeEngine(ModelWeightsEngine):
         longest = max(len(r) for r in rows)
         cap = rows_that_fit(self.model, longest + max_new_tokens)
         if self.static is not None:  # waves of whole buckets; the buffers it holds count as free
-            cap = largest_bucket(cap + self.static.held_rows(longest + max_new_tokens))
+            cap = largest_bucket(cap + self.static.held_rows(longest + max_new_tokens, self.compute_dtype))
         order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
         waves = [order[k:k + cap] for k in range(0, len(order), cap)]
         sampler = Sampler(float(temperature), float(top_p), int(top_k))

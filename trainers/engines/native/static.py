@@ -129,10 +129,11 @@ class FixedShapes:
         self.captured: dict[tuple, CapturedStep] = {}
         self.tensors: tuple = ()  # where the model's tensors were when the graphs were captured
 
-    def held_rows(self, tokens: int) -> int:
-        """Rows the held buffers give a wave of ``tokens`` per row without allocating (for the wave cap)."""
+    def held_rows(self, tokens: int, dtype: torch.dtype) -> int:
+        """Rows the held buffers give a wave of ``tokens`` per row computing in ``dtype`` without
+        allocating (for the wave cap)."""
         b = self.buffers
-        return b.slots if b is not None and b.holds(1, columns_for(tokens), self.decoder._dtype()) else 0
+        return b.slots if b is not None and b.holds(1, columns_for(tokens), dtype) else 0
 
     def release(self) -> None:
         self.buffers, self.noise, self.captured, self.tensors = None, None, {}, ()
