@@ -52,7 +52,7 @@ from benchmarks.study_config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHO
                                      settle_study_dtype)
 from benchmarks.study_plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, split_plan,
                                    trainer_argv, trainer_of, validation_plan)
-from benchmarks.study_record import brief, check_device, commit, select
+from benchmarks.study_record import COMPLETIONS, brief, check_device, commit, keep_completions, select
 from benchmarks.study_report import ORIGINAL, hacked, write_report
 from benchmarks.study_run import finish_run, measure
 from trainers.common import distributed
@@ -116,9 +116,12 @@ def study(cfg: StudyConfig) -> Path:
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"base model: eval {name}")
         if dist.is_main:
-            base[name] = brief(measure(cfg, cfg.model, ORIGINAL, out / "evals" / "base" / name, options, cache))
+            where = out / "evals" / "base" / name
+            summary = measure(cfg, cfg.model, ORIGINAL, where, options, cache)
+            base[name] = brief(summary)
+            keep_completions(where / COMPLETIONS, {name: summary})
             if cfg.commit:
-                commit([out / "study.json", out / "evals" / "base" / name / "summary.json"],
+                commit([out / "study.json", where / "summary.json", where / COMPLETIONS],
                        f"study {out.name}: the base model's {name} evaluation")
         bar.update(1)
     dist.wait_for_main()

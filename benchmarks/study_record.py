@@ -1,10 +1,13 @@
 """What a study keeps of each run and how it concludes: the run's record (its validation numbers
-and training curve from its log, what it ran on, its measurements' summaries), the check that one
-study never mixes devices, the selection of each method's setting on validation, and the git
-commit of finished records."""
+and training curve from its log, what it ran on, its measurements' summaries), its evaluated
+completions (``completions.jsonl.gz`` beside the record: every response the harness scored, so
+the study's counts can be recomputed and its tables rescored, ``benchmarks.evidence``), the check
+that one study never mixes devices, the selection of each method's setting on validation, and the
+git commit of finished records."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import subprocess
 import time
@@ -16,6 +19,7 @@ from tqdm import tqdm
 
 from benchmarks.study_config import StudyConfig
 from benchmarks.study_plan import Run, trainer_of
+from eval import SUMMARY_SUFFIX
 from trainers.common.config import ConfigError
 from trainers.common.models import resolve_device
 from trainers.common.run_dir import RUNTIME_FILE, read_jsonl
@@ -105,6 +109,57 @@ def run_record(run: Run, splits: dict[str, dict[str, int]] | None = None) -> dic
             "runtime": training_runtime(run), "engines": training_engines(run),
             "machines": training_machines(run), "shared_prefix": shared_prefix_of(run),
             **({"splits": splits} if splits else {})}
+
+
+#: The file of a run's (or the base model's) evaluated completions, beside its record.
+COMPLETIONS = "completions.jsonl.gz"
+#: What the committed completions keep of each harness row (token ids and timings are not evidence).
+ROW_KEYS = ("id", "sample", "opening", "completion", "reward", "correct", "parts", "error", "tokens", "finished", "kl")
+
+
+def harness_rows(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The per-response rows the harness wrote beside ``summary`` (its ``file``); a clear error
+    where they are gone (a study measured before its completions were kept, then cleaned)."""
+    file = Path(summary.get("file") or "")
+    rows = file.with_name(file.name.removesuffix(SUMMARY_SUFFIX) + ".jsonl")
+    if not rows.is_file():
+        raise ConfigError(f"{rows}: the harness's responses are missing, so the completions cannot be kept; "
+                          f"delete {file.parent} to measure again")
+    return [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+
+
+def write_completions(path: Path, measured: dict[str, dict[str, Any]]) -> Path:
+    """Write ``path`` (gzipped JSONL, byte-stable): one line per response of every measurement in
+    ``measured`` (eval name -> harness summary), tagged with the eval's name."""
+    lines = []
+    for name, summary in measured.items():
+        for row in harness_rows(summary):
+            lines.append(json.dumps({"eval": name, **{k: row[k] for k in ROW_KEYS if k in row}},
+                                    ensure_ascii=False) + "\n")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as f:
+        f.write("".join(lines).encode())
+    tmp.replace(path)
+    return path
+
+
+def keep_completions(path: Path, measured: dict[str, dict[str, Any]]) -> Path | None:
+    """``write_completions`` unless ``path`` exists; where the harness's responses are gone (a study
+    measured before completions were kept, resumed in a fresh clone) a one-line warning, and None."""
+    if path.is_file():
+        return path
+    try:
+        return write_completions(path, measured)
+    except ConfigError as exc:
+        tqdm.write(f"warning: {exc}")
+        return None
+
+
+def read_completions(path: Path) -> list[dict[str, Any]]:
+    """The rows of a ``completions.jsonl.gz``."""
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def brief(summary: dict[str, Any]) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from benchmarks.study_config import StudyConfig
 from benchmarks.study_plan import Run, evaluations, resume_argv, trainer_of
-from benchmarks.study_record import brief, commit, final_evaluation, run_record
+from benchmarks.study_record import COMPLETIONS, brief, commit, final_evaluation, keep_completions, run_record
 from trainers.common import distributed
 from trainers.common.config import build_config
 from trainers.common.files import atomic_write
@@ -76,14 +76,18 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
         dist.wait_for_main()  # while process 0 measures the run and writes its record
         return None
     record = run_record(run, splits)
+    measured = {}
     for name, options in evaluations(cfg):
         bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: eval {name}")
-        record[name] = brief(measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache))
+        measured[name] = measure(cfg, str(run.path), run.label, run.path / "eval" / name, options, cache)
+        record[name] = brief(measured[name])
         bar.update(1)
+    completions = keep_completions(run.path / COMPLETIONS, measured)  # before the record: a record means both
     record["wall_seconds"] = earlier + time.perf_counter() - start
     atomic_write(record_file, json.dumps(record, indent=1) + "\n")
     if cfg.commit:
-        commit([record_file], f"study {run.path.parents[3].name}: {run.label} {run.setting} seed={run.seed} done")
+        kept = [record_file, *([completions] if completions else [])]
+        commit(kept, f"study {run.path.parents[3].name}: {run.label} {run.setting} seed={run.seed} done")
     if not cfg.keep_weights:  # the numbers are on disk; a 7B model per run is not
         for sub in ("final", "checkpoints"):
             shutil.rmtree(run.path / sub, ignore_errors=True)
