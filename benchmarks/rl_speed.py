@@ -3,21 +3,24 @@ prompts, batch shape, micro-batching and dtype:
 
     python -m benchmarks.rl_speed                    # the default: every configuration below, ABBA
     python -m benchmarks.rl_speed --only ours        # without TRL (no trl extra needed)
-    python -m benchmarks.rl_speed --steps 3 --dtypes fp32
+    python -m benchmarks.rl_speed --steps 3 --dtypes fp32 bf16
 
 The step: rg/basic_arithmetic-v0 (two one-digit terms, + and -, the 4-seed study's task), the
 default model, 8 prompts x G=8 responses of at most 64 tokens, lr 1e-5, beta 0, sampling at
 temperature 1. Micro-batches of 8 responses (one group) on both sides: ours ``--grad-accum 8``,
 TRL ``per_device_train_batch_size=8, gradient_accumulation_steps=8``. Configurations:
 
-- ours, ``--shared-prefix off`` and ``on``, in fp32 and in the default dtype (``--dtype auto``);
+- ours with the default dtype (``--dtype auto``: what the CPU probe measured faster here, printed
+  in the header with its numbers, ``trainers/common/precision.py``), shared prefix on (the default);
+- ours, ``--shared-prefix off`` and ``on``, in each explicit dtype (``--dtypes``, default fp32 and
+  bf16), so the default's step stands beside both;
   generation on ``--engine`` (default auto, what a user gets: ``trainers.engines.choice``, native on
   CPU for the default model);
 - ours in one backward pass (no ``--grad-accum``, shared prefix on, default dtype): the memory of
   64 responses at once;
 - TRL (``pip install -e '.[trl]'``), fed through ``llm_envs.trl`` with our steps' prompts in our
-  order, at its defaults (gradient checkpointing on) and without gradient checkpointing, in fp32
-  and in the default dtype (TRL's bf16: autocast over fp32 weights, as ours).
+  order, at its defaults (gradient checkpointing on) and without gradient checkpointing, in each
+  explicit dtype (TRL's bf16: autocast over fp32 weights, as ours).
 
 Each configuration runs in its own process (peak memory does not mix) for ``--steps`` steps; the
 first warms up and is not reported. The configurations run in ABBA order (the list, then the list
@@ -48,8 +51,9 @@ PROMPTS, GROUP, TOKENS, LR = 8, 8, 64, 1e-5
 def configurations(dtypes: list[str], only: str | None) -> list[dict]:
     out = []
     if only in (None, "ours"):
+        out += [{"who": "ours", "dtype": "auto", "shared": "on", "grad_accum": GROUP}]  # the default step
         out += [{"who": "ours", "dtype": d, "shared": s, "grad_accum": GROUP} for d in dtypes for s in ("off", "on")]
-        out += [{"who": "ours", "dtype": dtypes[-1], "shared": "on", "grad_accum": 1}]
+        out += [{"who": "ours", "dtype": "auto", "shared": "on", "grad_accum": 1}]
     if only in (None, "trl"):
         out += [{"who": "trl", "dtype": d, "checkpointing": c} for d in dtypes for c in (True, False)]
     return out
@@ -58,7 +62,8 @@ def configurations(dtypes: list[str], only: str | None) -> list[dict]:
 def label(c: dict) -> str:
     if c["who"] == "ours":
         one = ", one backward pass" if c["grad_accum"] == 1 else ""
-        return f"ours, shared prefix {c['shared']}, {c['dtype']}{one}"
+        dtype = "default dtype (auto)" if c["dtype"] == "auto" else c["dtype"]
+        return f"ours, shared prefix {c['shared']}, {dtype}{one}"
     return f"TRL, {'defaults (gradient checkpointing on)' if c['checkpointing'] else 'no gradient checkpointing'}, {c['dtype']}"
 
 
@@ -84,7 +89,7 @@ def run_ours(c: dict, steps: int, engine: str, out: Path, extra: tuple[str, ...]
     runtime = json.loads((run / "runtime.jsonl").read_text().splitlines()[0])
     return {"steps": [{"sampling": r["sampling_seconds"], "update": r["seconds"] - r["sampling_seconds"],
                        "step": r["seconds"], "length": r["response_length"]} for r in steps_log],
-            "dtype": runtime["dtype"], "machine": runtime["machine"]}
+            "dtype": runtime["dtype"], "precision": runtime.get("precision"), "machine": runtime["machine"]}
 
 
 def run_trl(c: dict, steps: int, out: Path) -> dict:
@@ -177,7 +182,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--steps", type=int, default=2, help="steps per run (the first warms up)")
-    parser.add_argument("--dtypes", nargs="+", default=["fp32", "auto"], choices=["fp32", "bf16", "auto"])
+    parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"],
+                        help="explicit dtypes timed beside the default (--dtype auto), which always runs")
     parser.add_argument("--only", choices=["ours", "trl"], default=None)
     parser.add_argument("--engine", default="auto", choices=["auto", "hf", "native", "vllm"],
                         help="our generation engine (auto: the trainers' default)")
@@ -189,15 +195,12 @@ def main(argv: list[str] | None = None) -> dict:
     if args.child:
         child(json.loads(args.child), args.steps, args.engine)
         return {}
-    import torch
+    from trainers.common.precision import decide, header_line
 
-    from trainers.common.hardware import machine_line
-    from trainers.common.models import default_dtype, dtype_name
-
-    dtypes = list(dict.fromkeys(dtype_name(default_dtype(torch.device("cpu"))) if d == "auto" else d
-                                for d in args.dtypes))
+    dtypes = list(dict.fromkeys(args.dtypes))
     configs = configurations(dtypes, args.only)
-    print(f"RL step on {machine_line('cpu')}: {ENV} (2 one-digit terms), default model, {PROMPTS} prompts x "
+    default = decide("cpu")  # what the default step's run decides: the probe, cached, on these threads
+    print(f"RL step on {header_line('cpu')}: {ENV} (2 one-digit terms), default model, {PROMPTS} prompts x "
           f"G={GROUP}, {TOKENS} new tokens, lr {LR:g}, beta 0; micro-batches of {GROUP} responses; our engine "
           f"{args.engine}; {args.steps} steps per run, the first not reported; ABBA over {len(configs)} "
           f"configurations", flush=True)
@@ -216,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['label']} | {r['sampling']:.1f} | {r['update']:.1f} | {r['step']:.1f} | {r['length']:.1f} | "
               f"{r['peak_gb']:.1f} GB |")
     print("\n" + ratios(rows, dtypes), flush=True)
-    result = {"machine": machine_line("cpu"), "rows": rows, "dtypes": dtypes}
+    result = {"machine": header_line("cpu"), "precision": default.record(), "rows": rows, "dtypes": dtypes}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result
@@ -226,6 +229,12 @@ def ratios(rows: list[dict], dtypes: list[str]) -> str:
     """The update with the shared prefix against without; our step against TRL's, per dtype."""
     find = {r["label"]: r for r in rows if "error" not in r}
     lines = []
+    default = find.get("ours, shared prefix on, default dtype (auto)")
+    for d in dtypes:
+        explicit = find.get(f"ours, shared prefix on, {d}")
+        if default and explicit:
+            lines.append(f"default dtype (auto) step / {d} step = {default['step'] / explicit['step']:.2f}x "
+                         f"({default['step']:.1f} s vs {explicit['step']:.1f} s)")
     for d in dtypes:
         off, on = find.get(f"ours, shared prefix off, {d}"), find.get(f"ours, shared prefix on, {d}")
         if off and on:
