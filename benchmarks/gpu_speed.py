@@ -96,6 +96,34 @@ def weight_bytes(model, dtype: torch.dtype) -> int:
     return sum(p.numel() for p in model.parameters()) * dtype.itemsize
 
 
+def graphs_agree(arch: str, device: str, tokens: int) -> str:
+    """The graphed (fixed-shape) engine against the eager one, greedy, on ``arch`` cut to 2 layers:
+    the share of rows identical in fp32 (TF32 off; the test suite asks all of them on CPU) and in
+    bf16 (reported: kernels at other shapes round differently), plain and under low-rank members."""
+    from trainers.noise import lowrank
+    from trainers.noise.members import LowRankMembers
+
+    rows = gpu_check.PROMPTS * 2
+    parts = []
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        for dtype in (torch.float32, torch.bfloat16):
+            model, tokenizer = gpu_check.build_model(arch, 2, device, dtype)
+            members = LowRankMembers(lowrank.select_layers(model, None, 1), [1, 2, 3, 4], [1.0, -1.0, 1.0, -1.0],
+                                     0.02, 1)
+            eager, fixed = (NativeEngine(model, tokenizer, fixed_shapes=f) for f in (False, True))
+            plain = gpu_check.agreement(eager.generate(rows, tokens), fixed.generate(rows, tokens))
+            under = gpu_check.agreement(eager.generate(rows, tokens, perturbation=members),
+                                        fixed.generate(rows, tokens, perturbation=members))
+            fixed.close()
+            parts.append(f"{str(dtype).removeprefix('torch.')} {plain:.0%} plain, {under:.0%} under low-rank members")
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    what = "graphed" if device == "cuda" else "fixed-shape"
+    return f"{what} = eager native, greedy, rows identical of {len(rows)} x {tokens} tokens: " + "; ".join(parts)
+
+
 def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int], tokens: int) -> list[Row]:
     """Tokens/s of hf, native eager and native with graphs (on CPU: the fixed-shape path, no graphs)."""
     model, tokenizer = gpu_check.build_model(arch, None, device, dtype)
@@ -287,6 +315,11 @@ def main(argv: list[str] | None = None) -> int:
             print(row.line(bandwidth), flush=True)
         rows.extend(new)
 
+    try:
+        agree = graphs_agree(args.archs[0], args.device, min(args.tokens, 32))
+    except Exception as exc:  # a check that cannot run says why
+        agree = f"graphed = eager native: failed ({type(exc).__name__}: {exc})"
+    print(agree, flush=True)
     for arch in args.archs:
         report(generation_rows(arch, args.device, dtype, args.rows, args.tokens))
     with tempfile.TemporaryDirectory() as tmp:
@@ -305,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
                        args.tokens))
         report(grpo_rows(args.es_arch, Path(tmp) / "model", args.device, mode, args.grpo_prompts, args.group,
                          args.tokens, size))
-    table = [*head, *(r.line(bandwidth) for r in rows), "", kernels, "",
+    table = [*head, *(r.line(bandwidth) for r in rows), "", agree, "", kernels, "",
              f"{time.perf_counter() - start:.0f} s in all; the limit: decode steps x weight bytes / bandwidth"]
     print(table[-1], flush=True)
     out = args.out or default_out()

@@ -43,6 +43,8 @@ def test_the_smoke_run_writes_every_row_of_the_table(tmp_path, one_thread):
     for r in rows:  # seconds, tokens/s and the share of the limit, all measured
         assert float(r[4]) > 0 and float(r[5].replace(",", "")) > 0 and re.fullmatch(r"[\d.]+%", r[6]), r
     assert "x plain generation's speed" in rows[len(generation) + 1][7]
+    agree = next(line for line in text.splitlines() if line.startswith("fixed-shape = eager native"))
+    assert "float32 100% plain, 100% under low-rank members" in agree, agree  # as tests/test_native_static.py
     profile = (tmp_path / "table_profile.txt").read_text()
     assert "## native eager: tiny" in profile and "## native fixed shapes: tiny" in profile and "aten::mm" in profile
     kernels = next(line for line in text.splitlines() if line.startswith("SDPA kernels"))
