@@ -33,6 +33,20 @@ def test_the_calculator_is_countdowns_safe_arithmetic(expression, expected):
     assert calculator(expression).startswith(expected)
 
 
+def test_the_calculators_schema_is_get_json_schemas():
+    from llm_envs.envs.countdown_calc import CALCULATOR
+
+    assert CALCULATOR.schema == llm_envs.tool(calculator).schema
+
+
+def test_import_llm_envs_stays_light():
+    import subprocess
+    import sys
+
+    code = "import sys, llm_envs; print('transformers' in sys.modules, 'torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True).stdout.split() == ["False", "False"]
+
+
 def test_countdown_calc_golden_episode():
     env = gym.make("Countdown-calc-v0").unwrapped
     obs, _ = env.reset(options={"split": "test", "index": 0})

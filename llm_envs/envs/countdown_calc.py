@@ -22,7 +22,7 @@ from typing import Any
 from llm_envs.envs.countdown import PAPER_SYSTEM_PROMPT, CountdownEnv, ExpressionError, evaluate_expression
 from llm_envs.multiturn import MultiTurnEnv, Reply
 from llm_envs.registry import register
-from llm_envs.tools import Tool, tool, tool_prompt
+from llm_envs.tools import Tool, tool_prompt
 from llm_envs.types import Example
 
 
@@ -45,7 +45,14 @@ def _show(value: Fraction) -> str:
     return f"{value.numerator}/{value.denominator} (= {float(value):.6g})"
 
 
-CALCULATOR = tool(calculator)
+#: The calculator as a tool: ``tool(calculator)``'s schema, written out so that ``import llm_envs``
+#: does not import transformers (a test checks the two agree).
+CALCULATOR = Tool("calculator", calculator, {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression exactly.",
+    "parameters": {"type": "object", "properties": {"expression": {
+        "type": "string", "description": 'non-negative integers with + - * / and parentheses, e.g. "(25 - 5) * 4"'}},
+        "required": ["expression"]},
+    "return": {"type": "string"}}})
 
 
 class CountdownCalcEnv(MultiTurnEnv, CountdownEnv):
