@@ -165,16 +165,18 @@ def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> Non
     (``previous``, its study.json), else this machine's default. A study resumed with another dtype
     is refused (its identity differs), as one on another device is: one table must not mix their
     numerics."""
-    if cfg.dtype not in (None, "auto"):
-        return
+    from trainers.common import precision  # the one place that decides (the probe for auto on CPU)
+
     recorded = (previous or {}).get("dtype")
-    if recorded in ("fp32", "bf16"):
-        cfg.dtype = recorded
-    else:
-        try:
-            cfg.dtype = dtype_name(default_dtype(resolve_device(cfg.device)))
-        except ValueError as exc:
-            raise ConfigError(f"--device: {exc}") from None
+    try:
+        device = resolve_device(cfg.device)
+    except ValueError as exc:
+        raise ConfigError(f"--device: {exc}") from None
+    try:  # another explicit --dtype than the study's own is refused here, naming both
+        cfg.dtype = precision.settle(cfg.dtype, device, cfg.model, recorded if recorded in ("fp32", "bf16") else None,
+                                     cfg.out).dtype
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 

@@ -377,4 +377,4 @@ def test_the_study_settles_its_dtype_and_refuses_another(tmp_path, tiny_model_di
     capsys.readouterr()
     with pytest.raises(SystemExit):
         study.main([*tiny_argv(out, tiny_model_dir), "--dtype", "bf16"])
-    assert "holds a study with other options (dtype)" in capsys.readouterr().err
+    assert f"--dtype bf16: {out} computes in fp32" in capsys.readouterr().err  # both dtypes named

@@ -298,9 +298,8 @@ def settle(dtype: str | None, device: torch.device, model: Any = None, recorded:
     if dtype not in (None, "auto"):
         name = dtype_name(parse_dtype(dtype))
         if recorded and name != recorded:
-            raise ValueError(f"--dtype {name}: the run {resume or ''} computes in {recorded} (recorded at its first "
-                             f"start) and keeps it; resume it without --dtype, or start a new run in {name}"
-                             .replace("run  ", "run "))
+            raise ValueError(f"--dtype {name}: {resume or 'the run'} computes in {recorded} (recorded at its first "
+                             f"start) and keeps it; resume it without --dtype, or start a new run in {name}")
         return Decision(name, "resumed" if recorded else "explicit")
     if recorded:
         return Decision(recorded, "resumed")
