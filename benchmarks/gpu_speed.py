@@ -93,7 +93,11 @@ def attempt(row: Row, measure) -> Row:
 
 
 def weight_bytes(model, dtype: torch.dtype) -> int:
-    return sum(p.numel() for p in model.parameters()) * dtype.itemsize
+    """Bytes a decode step reads: every parameter once, in ``dtype``, but the input embedding's
+    (a lookup of one row per token) unless it is also the output head."""
+    embed, head = model.get_input_embeddings().weight, model.get_output_embeddings().weight
+    lookup = 0 if embed is head else embed.numel()
+    return (sum(p.numel() for p in model.parameters()) - lookup) * dtype.itemsize
 
 
 def graphs_agree(arch: str, device: str, tokens: int) -> str:
@@ -145,7 +149,7 @@ def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int],
 
 
 def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, population: int, prompts: int,
-            full_population: int, tokens: int) -> list[Row]:
+            full_population: int, tokens: int, size: int) -> list[Row]:
     """es_speed's cases lowrank, ceiling (its plain generation) and full, one warm-up iteration each."""
     source = ["--model", str(model_dir)] if model_dir else ["--random-init", arch]
     out = {}
@@ -158,7 +162,7 @@ def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, populati
 
         def measure(row: Row, case=case, args=args, n=n) -> None:
             r = es_speed.measure(case, args)
-            row.seconds, row.tokens, row.weight_bytes = r["seconds"], int(r["tokens"]), r["weight_bytes"]
+            row.seconds, row.tokens, row.weight_bytes = r["seconds"], int(r["tokens"]), size
             row.steps = tokens * (n if case == "full" else 1)  # full rank: one call per member
             row.note = f"generation {r['generation_seconds']:.3f} s"
 
@@ -335,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         local = Path(tmp) / "model" if args.es_arch == "tiny" else None  # es_speed builds paper shapes itself
         mode = "auto" if cuda else "fp32"
         report(es_rows(args.es_arch, local, args.device, mode, args.population, args.prompts, args.full_population,
-                       args.tokens))
+                       args.tokens, size))
         report(grpo_rows(args.es_arch, Path(tmp) / "model", args.device, mode, args.grpo_prompts, args.group,
                          args.tokens, size))
     table = [*head, *(r.line(bandwidth) for r in rows), "", agree, "", kernels, "",
