@@ -282,3 +282,31 @@ def test_token_prompts_pass_through_every_engine(tiny_model, tiny_tokenizer):
 def test_turn_examples_carry_no_opening():
     ex = llm_envs.make("Countdown-v0").examples("test")[0]
     assert ex.opening and TurnExample(ex.id, [], None, example=ex).opening == ""
+
+
+class WorkerAdderEnv(AdderEnv):
+    """AdderEnv scored in a worker process (killed at the deadline), its turns bounded there."""
+
+    score_workers = 1
+    score_timeout = 2.0
+    tool_timeout = 0.3
+
+    def respond(self, text, state, example):
+        if "hang" in text:
+            while True:
+                pass
+        return super().respond(text, state, example)
+
+
+def test_turns_in_worker_processes_are_bounded_too(tiny_tokenizer):
+    env = WorkerAdderEnv()
+    examples = env.examples("test")[:2]
+    slow = '<tool_call>{"name": "slow", "arguments": {"seconds": 60}}</tool_call>'
+    with llm_envs.BatchScorer(env) as scorer:
+        start = time.monotonic()
+        [ep] = run_episodes(Scripted(tiny_tokenizer, [slow, "<answer>7</answer>"]), scorer, examples[:1], 400)
+        assert (ep.tool_calls, ep.tool_errors, ep.episode_return, ep.turns) == (1, 1, 1.0, 2)
+        assert "timed out" in ep.messages[-2]["content"]
+        [ep] = run_episodes(Scripted(tiny_tokenizer, ["hang"]), scorer, examples[:1], 400)
+        assert (ep.error, ep.terminated, ep.episode_return) == ("timeout", True, 0.0)
+        assert time.monotonic() - start < 30
