@@ -8,8 +8,9 @@ backward, greedy generation).
 
 Each row alternates fp32 and bf16 (ABBA over --repeat rounds; the best time of each is kept), so a
 noisy machine hits both alike. bf16 here means bf16 weights, except the row "fp32 weights under
-bf16 autocast", which is how the RL trainers compute (fp32 master weights). The header names the CPU
-and whether it has bf16 matrix units (AMX, AVX512-BF16): without them bf16 is emulated and slower.
+bf16 autocast", which is how the RL trainers compute (fp32 master weights). The header names the CPU,
+the bf16 matrix units it lists (AMX, AVX512-BF16), and what ``--dtype auto`` decides here with the
+probe's numbers (``trainers/common/precision.py``): the flags alone do not tell whether bf16 pays.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from pathlib import Path
 import torch
 
 from trainers.common.config import Parser
-from trainers.common.hardware import machine_line
+from trainers.common.precision import header_line
 from trainers.common.models import DEFAULT_MODEL, load_model, resolve_device
 
 ARCH_DIR = Path(__file__).resolve().parent / "configs" / "arch"
@@ -138,7 +139,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = resolve_device(args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = False  # fp32 means fp32
-    print(f"fp32 vs bf16 on {machine_line(device)}; torch {torch.__version__}; "
+    print(f"fp32 vs bf16 on {header_line(device)}; torch {torch.__version__}; "
           f"model {args.random_init or args.model}{' (random weights)' if args.random_init else ''}\n", flush=True)
     print("| work | fp32 | bf16 | bf16 speed-up |\n|---|---:|---:|---:|", flush=True)
     rows = []
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if not args.no_model:
         show(model_rows(load(args, device), device, args.repeat))
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_line(device), "rows": rows}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"machine": header_line(device), "rows": rows}, indent=1) + "\n")
     return rows
 
 

@@ -3,8 +3,8 @@ reference (the KL anchor), PPO's critic trunk, AdamW, and one optimizer step ove
 micro-batches.
 
 Precision (``--dtype``): the trainable models keep fp32 master weights, fp32 gradients and an fp32
-optimizer, and compute in the run's dtype under autocast (bf16 on CUDA and on a CPU with bf16
-units); losses and log-softmax are fp32. The frozen reference is loaded in the compute dtype.
+optimizer, and compute in the run's dtype under autocast (``trainers/common/precision.py`` decides it: bf16 on
+CUDA, on CPU what its probe measured faster); losses and log-softmax are fp32. The frozen reference is loaded in the compute dtype.
 
 Memory per parameter of the base model (weights and optimizer state; activations and the
 generation cache come on top): the policy 16 bytes (fp32 weights 4, fp32 gradients 4, AdamW's two
