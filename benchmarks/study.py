@@ -50,6 +50,9 @@ from tqdm import tqdm
 
 from benchmarks.study_config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, identity,
                                      settle_study_dtype)
+from benchmarks.study_curves import budgets as curve_budgets
+from benchmarks.study_curves import check_budgets as check_curve_budgets
+from benchmarks.study_curves import run_curves
 from benchmarks.study_plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, split_plan,
                                    trainer_argv, trainer_of, validation_plan)
 from benchmarks.study_record import COMPLETIONS, brief, check_device, commit, keep_completions, select
@@ -69,6 +72,10 @@ def study(cfg: StudyConfig) -> Path:
         raise ConfigError(f"--engine vllm: the harness's measurements run on process 0 alone, and a vLLM engine "
                           f"started there joins all {dist.world} processes of this launch; use --engine native or "
                           f"hf with several processes, or run the study on one process")
+    if cfg.curve_budgets and dist.world > 1:
+        raise ConfigError("--curve-budgets: learning curves run on one process for now; run the grid on several, "
+                          "then the same command with --curve-budgets on one")
+    check_curve_budgets(cfg)
     env = make_env(cfg.env, cfg.env_args, splits=("train",))  # bad options end here, before OUT exists
     try:
         env.examples(cfg.eval_split)
@@ -139,10 +146,14 @@ def study(cfg: StudyConfig) -> Path:
     write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start, splits)
     if cfg.commit:
         commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
+    if curve_budgets(cfg):
+        run_curves(cfg, out, records, chosen, base, prompts, validation, cache)
+        if cfg.commit:
+            commit([out / name for name in ("learning_curve.md", "learning_curve.png", "curves.json")],
+                   f"study {out.name}: learning curves to {curve_budgets(cfg)[-1]} responses")
     tqdm.write((out / "table1.md").read_text())
     tqdm.write(f"study written to {out} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
     return out
-
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -67,6 +67,10 @@ class StudyConfig(EngineOptions):
                                                         "choices": ["eval_pass@1", "eval_reward"]})
     val_size: int | None = field(default=None, metadata={"help": "validation examples carved from train (default: 10%, "
                                                                  f"at least {MIN_VALIDATION}, when train is large enough)"})
+    curve_budgets: str | None = field(default=None, metadata={
+        "help": "learning curves: continue each method's selected setting, on every seed, to these budgets of "
+                "training responses (comma-separated multiples of --max-samples, e.g. 1024,2048), measuring "
+                "validation and test at --max-samples and at each"})
     min_val_prompts: int = field(default=20, metadata={"help": "refuse a validation split (the env's or carved) "
                                                                "with fewer distinct prompts than this: settings "
                                                                "selected on a handful of questions are noise"})
@@ -119,6 +123,9 @@ class StudyConfig(EngineOptions):
         check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
         check(self.min_val_prompts >= 1, "min_val_prompts", "must be >= 1")
+        if self.curve_budgets:
+            check(all(b > 0 and b == int(b) for b in self.grid("curve_budgets")), "curve_budgets",
+                  "must be whole numbers of responses")
         env_kwargs(self.env_args)
         check_engine(self)
         resolve_engine(self)
@@ -183,6 +190,7 @@ def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> Non
 def identity(cfg: StudyConfig) -> dict[str, Any]:
     """The options that define a study's runs (a resumed study must not mix others in); where the runs
     happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""
-    checks = ("unequal_budgets", "min_val_prompts")  # what the checks accept, not what the runs are
+    # what the checks accept, and the curves that extend a finished grid, are not what the grid's runs are
+    checks = ("unequal_budgets", "min_val_prompts", "curve_budgets")
     return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION)}
 

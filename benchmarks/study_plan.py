@@ -113,24 +113,29 @@ def split_plan(cfg: StudyConfig, env, selected_on: str, validation: list[str]) -
     return counts
 
 
-def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]) -> list[str]:
+def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], budget: int | None = None,
+                 checkpoint_every: int | None = None) -> list[str]:
+    """The trainer flags of ``run``: ``budget`` training responses (default ``--max-samples``), a
+    checkpoint every ``checkpoint_every`` steps (default: ES at its end, RL every quarter)."""
+    budget = budget or cfg.max_samples
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
-            "--max-samples", str(cfg.max_samples), "--batch-size", str(prompts), "--eval-every", "0", *validation]
+            "--max-samples", str(budget), "--batch-size", str(prompts), "--eval-every", "0", *validation]
     for name in ("max_new_tokens", "eval_limit", "env_args", "device", "dtype", *ENGINE_FIELDS):
         if getattr(cfg, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
-    steps = cfg.max_samples // per_step(cfg, run.method, prompts)
+    steps = budget // per_step(cfg, run.method, prompts)
     hp = {k: repr(v) for k, v in run.hparams.items()}
     if run.method.startswith("es_"):
         lowrank = run.method in ("es_lowrank", "es_sampled")
-        argv += ["--iterations", str(steps), "--checkpoint-every", str(max(1, steps)),  # resume replays the seeds
+        every = checkpoint_every or max(1, steps)  # resume replays the seeds
+        argv += ["--iterations", str(steps), "--checkpoint-every", str(every),
                  "--population", str(cfg.lowrank_population if lowrank else cfg.population),
                  "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
                  "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
         if run.method == "es_sampled":
             argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
-        argv += ["--steps", str(steps), "--checkpoint-every", str(max(1, steps // 4)), "--group-size",
+        argv += ["--steps", str(steps), "--checkpoint-every", str(checkpoint_every or max(1, steps // 4)), "--group-size",
                  str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
         argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
     return argv

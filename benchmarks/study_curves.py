@@ -1,0 +1,192 @@
+"""Learning curves of a study (``--curve-budgets 1024,2048``): once the grid is done and each
+method's setting is selected on validation, that setting trains on every seed again, in segments:
+to ``--max-samples`` responses, then resumed to each curve budget in turn (the same run continued:
+no learning-rate schedule depends on the length, and the seeds and batches are the run's own).
+After each segment the run's logged validation numbers are read and its model is measured on the
+test split as the grid's runs are, so every budget has validation, test and sampled numbers.
+
+The first segment retrains what the grid's run of that setting trained (its weights were deleted
+once measured), so the curve's first point must repeat the grid's numbers: a check that the
+curve continues the run the tables report.
+
+Writes ``OUT/curves/METHOD/SETTING/seed=S/curve_record.json`` (one point per budget, kept as each
+lands, so a killed study resumes at the next budget) with ``completions-B.jsonl.gz`` beside it,
+and ``learning_curve.md`` / ``learning_curve.png`` / ``curves.json``: test reward and pass@1 against
+training responses (mean ± std over seeds, one line per method) and claim 1's verdict per budget.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.study_config import LABELS, StudyConfig
+from benchmarks.study_plan import Run, evaluations, per_step, resume_argv, trainer_argv, trainer_of
+from benchmarks.study_record import brief, commit, final_evaluation, keep_completions, validation_result
+from benchmarks.study_report import pm
+from benchmarks.study_run import measure
+from benchmarks.verdicts import Study, claim_budget
+from eval.table import Table, render
+from trainers.common.config import ConfigError
+from trainers.common.files import atomic_write
+from trainers.common.run_dir import read_jsonl
+
+RECORD = "curve_record.json"
+
+
+def budgets(cfg: StudyConfig) -> list[int]:
+    """The curve's budgets: ``--max-samples``, then ``--curve-budgets`` (none: no curve)."""
+    extra = [int(b) for b in cfg.grid("curve_budgets")] if cfg.curve_budgets else []
+    return [cfg.max_samples, *extra] if extra else []
+
+
+def check_budgets(cfg: StudyConfig) -> None:
+    """Each curve budget is a multiple of --max-samples, larger than the one before (a segment then
+    ends on a checkpoint of every method, and resumes from it)."""
+    points = budgets(cfg)
+    for before, b in zip(points, points[1:]):
+        if b <= before or b % cfg.max_samples:
+            raise ConfigError(f"--curve-budgets {cfg.curve_budgets}: each budget must be a multiple of --max-samples "
+                              f"{cfg.max_samples} and larger than the one before ({b} after {before})")
+
+
+def curve_runs(cfg: StudyConfig, out: Path, chosen: dict[str, dict[str, Any]],
+               hparams: dict[tuple[str, str], dict[str, float]]) -> list[Run]:
+    """The selected setting of every method, on every seed."""
+    return [Run(m, chosen[m]["setting"], hparams[(m, chosen[m]["setting"])], seed,
+                out / "curves" / m / chosen[m]["setting"] / f"seed={seed}")
+            for seed in range(cfg.seeds) for m in cfg.method_list]
+
+
+def trained_samples(run: Run) -> int:
+    train = [r for r in read_jsonl(run.path / "log.jsonl") if "reward_mean" in r]
+    return train[-1]["samples"] if train else 0
+
+
+def continue_to(cfg: StudyConfig, run: Run, budget: int, prompts: int, validation: list[str]) -> None:
+    """Train ``run`` (a new one, or resumed from its last checkpoint) until ``budget`` responses, its
+    final model measured on validation by the trainer."""
+    trainer = trainer_of(run.method)
+    steps = budget // per_step(cfg, run.method, prompts)
+    every = cfg.max_samples // per_step(cfg, run.method, prompts)  # a checkpoint at every budget's end
+    argv = trainer_argv(cfg, run, prompts, validation, budget=budget, checkpoint_every=every)
+    log = read_jsonl(run.path / "log.jsonl")
+    if (run.path / "final").is_dir() and trained_samples(run) >= budget and final_evaluation(log) is not None:
+        return
+    if (run.path / "config.yaml").is_file():
+        flag = "--iterations" if run.method.startswith("es_") else "--steps"
+        argv = [*resume_argv(run, argv), flag, str(steps), "--max-samples", str(budget)]
+    trainer.train(trainer.resolve(argv))
+
+
+def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cache: Path) -> list[dict[str, Any]]:
+    """Every budget's point of ``run`` (each measured once; a killed study resumes at the next)."""
+    file = run.path / RECORD
+    points = json.loads(file.read_text()) if file.is_file() else []
+    done = {p["budget"] for p in points}
+    for budget in budgets(cfg):
+        if budget in done:
+            continue
+        start = time.perf_counter()
+        continue_to(cfg, run, budget, prompts, validation)
+        point = {"method": run.method, "label": run.label, "setting": run.setting, "seed": run.seed,
+                 "budget": budget, "validation": validation_result(run)}
+        measured = {name: measure(cfg, str(run.path), run.label, run.path / "eval" / f"b{budget}" / name, options,
+                                  cache) for name, options in evaluations(cfg)}
+        point.update({name: brief(summary) for name, summary in measured.items()})
+        point["wall_seconds"] = time.perf_counter() - start
+        completions = keep_completions(run.path / f"completions-{budget}.jsonl.gz", measured)
+        points.append(point)
+        atomic_write(file, json.dumps(points, indent=1) + "\n")
+        if cfg.commit:
+            commit([file, *([completions] if completions else [])],
+                   f"study {run.path.parents[3].name}: curve {run.label} {run.setting} seed={run.seed} at {budget}")
+    if not cfg.keep_weights and len(points) == len(budgets(cfg)):
+        for sub in ("final", "checkpoints"):
+            shutil.rmtree(run.path / sub, ignore_errors=True)
+    return points
+
+
+def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],
+               base: dict[str, Any], prompts: int, validation: list[str], cache: Path) -> list[dict[str, Any]]:
+    """The learning curves of the selected settings (see the module docstring), and their report."""
+    hparams = {(r["method"], r["setting"]): r["hparams"] for r in records}
+    points = [p for run in curve_runs(cfg, out, chosen, hparams) for p in extend(cfg, run, prompts, validation, cache)]
+    write_curves(cfg, out, points, base)
+    return points
+
+
+def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], out: Path) -> Study:
+    """The curve's points at ``budget`` as a one-setting study, for the verdict rules."""
+    runs = [dict(p, hparams={}) for p in points if p["budget"] == budget]
+    methods = {}
+    for p in runs:
+        m = methods.setdefault(p["method"], {"label": p["label"], "setting": p["setting"], "test_reward": [],
+                                              "test_pass@1": []})
+        m["test_reward"].append(p["greedy"]["reward_mean"])
+        m["test_pass@1"].append(100 * p["greedy"]["pass@1"])
+    return Study(out, {"base": base, "methods": methods, "runs": runs})
+
+
+def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any]) -> None:
+    """``learning_curve.md`` (a row per method and budget, and claim 1 per budget), ``learning_curve.png``
+    and ``curves.json``."""
+    table = Table(f"Learning curves: {base['greedy']['env']} ({cfg.eval_split}), each method's selected setting, "
+                  f"mean ± sample std over seeds",
+                  ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
+                   "test reward", "train + eval s per run"], text_columns=2)
+    for method in cfg.method_list:
+        for budget in budgets(cfg):
+            at = [p for p in points if p["method"] == method and p["budget"] == budget]
+            if not at:
+                continue
+            table.rows.append([LABELS[method], at[0]["setting"], str(budget), str(len(at)),
+                               pm([p["validation"][cfg.metric] for p in at], 3),
+                               pm([100 * p["greedy"]["pass@1"] for p in at]),
+                               pm([p["greedy"]["reward_mean"] for p in at], 3),
+                               f"{sum(p['wall_seconds'] for p in at) / len(at):.0f}"])
+    verdicts = []
+    for budget in budgets(cfg):
+        verdict, numbers = claim_budget(study_at(budget, points, base, out))
+        verdicts.append(f"Claim 1 at {budget} responses: {verdict}. {numbers}.")
+    table.notes = [f"Base model: test pass@1 {100 * base['greedy']['pass@1']:.1f} %, reward "
+                   f"{base['greedy']['reward_mean']:.3f}. Seconds per run: the segment that reached the budget "
+                   f"(the first one also retrains what the grid's run trained).", *verdicts]
+    (out / "learning_curve.md").write_text(render([table]))
+    plot_curves(cfg, points, base, out / "learning_curve.png")
+    atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts},
+                                                 indent=1) + "\n")
+
+
+def plot_curves(cfg: StudyConfig, points: list[dict[str, Any]], base: dict[str, Any], path: Path) -> None:
+    """Test reward and pass@1 against training responses: mean ± std over seeds, one line per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from eval.passk import mean_std
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    for ax, (name, value) in zip(axes, (("test reward", lambda p: p["greedy"]["reward_mean"]),
+                                        ("test pass@1 (%)", lambda p: 100 * p["greedy"]["pass@1"]))):
+        for method in cfg.method_list:
+            xs = [b for b in budgets(cfg) if any(p["method"] == method and p["budget"] == b for p in points)]
+            stats = [mean_std([value(p) for p in points if p["method"] == method and p["budget"] == b]) for b in xs]
+            if not xs:
+                continue
+            mean = [m for m, _ in stats]
+            ax.errorbar(xs, mean, yerr=[s for _, s in stats], marker="o", capsize=3, label=LABELS[method])
+        ax.axhline(value({"greedy": base["greedy"]}), color="grey", ls="--", lw=1, label="base model")
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("training responses")
+        ax.set_ylabel(name)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"{base['greedy']['env']}: learning curves (mean ± std over {cfg.seeds} seeds)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

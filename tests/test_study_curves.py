@@ -1,0 +1,53 @@
+"""benchmarks.study --curve-budgets: each method's selected setting continued, on every seed, to
+larger budgets, with validation and test measured at each; resumable; its first point repeats the
+grid's run."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import study, study_curves
+
+
+def curve_argv(out, model_dir, *extra: str) -> list[str]:
+    return ["--env", "toy_envs:Letter-v0", "--seeds", "1", "--max-samples", "16", "--model", str(model_dir),
+            "--out", str(out), "--methods", "es_full,grpo", "--population", "4", "--group-size", "4",
+            "--batch-size", "2", "--sigmas", "0.01", "--betas", "0", "--lrs", "1e-3", "--kl-samples", "2", *extra]
+
+
+def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_dir, one_thread, kill_on_call):
+    out = tmp_path / "study"
+    study.main(curve_argv(out, tiny_model_dir))  # the grid alone
+    assert not (out / "curves").exists()
+    with kill_on_call(study_curves, "continue_to", 2):  # killed on its way to the second budget of a run
+        study.main(curve_argv(out, tiny_model_dir, "--curve-budgets", "32,48"))
+    study.main(curve_argv(out, tiny_model_dir, "--curve-budgets", "32,48"))  # resumes at the next budget
+
+    curves = json.loads((out / "curves.json").read_text())
+    assert curves["budgets"] == [16, 32, 48]
+    points = curves["points"]
+    assert sorted((p["method"], p["budget"]) for p in points) == [(m, b) for m in ("es_full", "grpo")
+                                                                   for b in (16, 32, 48)]
+    for p in points:
+        assert p["validation"]["samples"] == p["budget"] and p["greedy"]["split"] == "test" and "kl" in p
+        assert (out / "curves" / p["method"] / p["setting"] / "seed=0" / f"completions-{p['budget']}.jsonl.gz").is_file()
+    # the first point continues the run the tables report: the grid's numbers again
+    grid = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
+    for p in (p for p in points if p["budget"] == 16):
+        assert p["greedy"]["reward_mean"] == pytest.approx(grid[p["method"]]["greedy"]["reward_mean"], abs=1e-6)
+        assert p["validation"]["eval_reward"] == pytest.approx(grid[p["method"]]["validation"]["eval_reward"], abs=1e-6)
+    text = (out / "learning_curve.md").read_text()
+    assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
+    assert (out / "learning_curve.png").stat().st_size > 0
+    assert not list(out.glob("curves/*/*/*/final"))  # weights deleted once every budget is measured
+    assert "curve_budgets" not in json.loads((out / "study.json").read_text())  # an extension, not the grid
+
+
+def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):
+    with pytest.raises(SystemExit):
+        study.main(curve_argv(tmp_path / "s", tiny_model_dir, "--curve-budgets", "24"))
+    err = capsys.readouterr().err
+    assert "each budget must be a multiple of --max-samples 16" in err and "Traceback" not in err
+    assert not (tmp_path / "s").exists()
