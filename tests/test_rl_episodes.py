@@ -11,8 +11,8 @@ import llm_envs
 from tests.test_multiturn import Scripted
 from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
 from trainers.ppo import gae, token_rewards
-from trainers.rl.episodes import last_token, model_token_gae, samples_batch
-from trainers.rl.logprobs import token_logprobs
+from trainers.rl.episodes import last_token, loss_mask, model_token_gae, samples_batch
+from trainers.rl.logprobs import Grouped, Padded, token_logprobs
 from trainers.rl.losses import kl_k3
 from trainers.rl.sampling import Samples, sample
 
@@ -38,19 +38,22 @@ def test_episode_samples_hold_exact_ids_and_a_loss_mask(tiny_tokenizer):
     assert s.num_tokens == sum(mask) + sum(s.loss_masks[1])
 
 
-def test_two_turn_loss_is_the_hand_computed_sum_over_the_models_tokens(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "padded"])
+def test_two_turn_loss_is_the_hand_computed_sum_over_the_models_tokens(shared, tiny_model, tiny_tokenizer):
     s = two_turn_samples(tiny_tokenizer)
     model, ref = copy.deepcopy(tiny_model).float(), copy.deepcopy(tiny_model).float()
     with torch.no_grad():
         for p in ref.parameters():
             p.add_(0.05 * torch.randn_like(p))
-    cfg = GRPOConfig(env="GuessNumber-v0", group_size=2, max_new_tokens=16, beta=0.1, epochs=2)
+    cfg = GRPOConfig(env="GuessNumber-v0", group_size=2, max_new_tokens=16, beta=0.1, epochs=2,
+                     shared_prefix="on" if shared else "off")
     cfg.validate()
     algo = GRPO(cfg, model, tiny_tokenizer, ref=ref)
     batch = algo.prepare(s)
-    mb = samples_batch(s, slice(0, 2), tiny_tokenizer.pad_token_id, "cpu", True)
+    mb = algo.padded(s, slice(0, 2))
+    assert isinstance(mb, Grouped if shared else Padded)
     logp = token_logprobs(model, mb)
-    loss, _ = grpo_loss(logp, batch.old_logp[0], batch.advantages, mb.mask, batch.denominator, cfg.clip_eps,
+    loss, _ = grpo_loss(logp, batch.old_logp[0], batch.advantages, loss_mask(mb), batch.denominator, cfg.clip_eps,
                         cfg.beta, batch.ref_logp[0])
 
     # by hand: each episode unpadded, one forward pass, the model's positions only
@@ -70,21 +73,23 @@ def test_two_turn_loss_is_the_hand_computed_sum_over_the_models_tokens(tiny_mode
     # the env's tokens would change it: the same sum over every token is another number
     everything = samples_batch(Samples(s.examples, s.prompt_ids, s.completion_ids, s.texts, s.rewards, s.correct, 2),
                                slice(0, 2), tiny_tokenizer.pad_token_id, "cpu", False)
-    other, _ = grpo_loss(logp, logp.detach(), batch.advantages, everything.mask, batch.denominator, cfg.clip_eps,
-                         cfg.beta, token_logprobs(ref, everything))
+    other, _ = grpo_loss(token_logprobs(model, everything), batch.old_logp[0], batch.advantages, everything.mask,
+                         batch.denominator, cfg.clip_eps, cfg.beta, token_logprobs(ref, everything))
     assert abs(other.item() - loss.item()) > 1e-4
 
 
-def test_the_policy_logprobs_are_those_of_the_sampled_ids(tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("shared", [True, False], ids=["shared-prefix", "padded"])
+def test_the_policy_logprobs_are_those_of_the_sampled_ids(shared, tiny_model, tiny_tokenizer):
     s = two_turn_samples(tiny_tokenizer)
-    mb = samples_batch(s, slice(0, 2), tiny_tokenizer.pad_token_id, "cpu", True)
+    mb = samples_batch(s, slice(0, 2), tiny_tokenizer.pad_token_id, "cpu", True, shared_episodes=shared)
     logp = token_logprobs(tiny_model, mb)
     p, c = s.prompt_ids[0], s.completion_ids[0]
     with torch.no_grad():
         full = tiny_model(torch.tensor([p + c])).logits[0].log_softmax(-1)
     expected = torch.stack([full[len(p) - 1 + t, tok] for t, tok in enumerate(c)])
     assert torch.allclose(logp[0, :len(c)], expected, atol=1e-5)
-    assert mb.mask[0, :len(c)].tolist() == [float(m) for m in s.loss_masks[0]]
+    assert loss_mask(mb)[0, :len(c)].tolist() == [float(m) for m in s.loss_masks[0]]
+    assert mb.mask[0, :len(c)].tolist() == ([1.0] * len(c) if shared else [float(m) for m in s.loss_masks[0]])
 
 
 def test_ppo_credits_turns_through_the_models_tokens_only():

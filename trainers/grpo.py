@@ -36,7 +36,7 @@ import torch
 
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
-from trainers.rl.episodes import samples_batch
+from trainers.rl.episodes import loss_mask, samples_batch  # episodes: the loss on the model's tokens only
 from trainers.rl.logprobs import token_logprobs
 from trainers.rl.loop import RLConfig, uses_shared_prefix
 from trainers.rl.losses import clipped_surrogate, kl_k3, masked_sum
@@ -128,7 +128,7 @@ class GRPO:
 
     def padded(self, samples: Samples, part: slice):
         """A micro-batch's tensors: whole groups sharing their prompt, or one row per response."""
-        return samples_batch(samples, part, self.pad_id, self.device, self.shared)  # episodes: model tokens only
+        return samples_batch(samples, part, self.pad_id, self.device, self.shared, shared_episodes=True)
 
     @torch.no_grad()
     def prepare(self, samples: Samples) -> Batch:
@@ -156,7 +156,7 @@ class GRPO:
             logp = token_logprobs(self.model, mb, cfg.temperature)
             old = batch.old_logp[k] if batch.old_logp else logp.detach()
             ref = batch.ref_logp[k] if batch.ref_logp else None
-            loss, part_sums = grpo_loss(logp, old, batch.advantages[part], mb.mask, batch.denominator,
+            loss, part_sums = grpo_loss(logp, old, batch.advantages[part], loss_mask(mb), batch.denominator,
                                         cfg.clip_eps, cfg.beta, ref)
             loss.backward()
             loss_total += loss.item()

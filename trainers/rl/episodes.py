@@ -9,8 +9,9 @@ never used. PPO's outcome reward goes on the last model token, and its GAE runs 
 tokens only, each turn's values bootstrapping from the next turn's first model token
 (``model_token_gae``), as verl skips observation tokens.
 
-Layout: the padded one (``--shared-prefix`` does not apply to episodes yet: the shared-prefix pass
-reads its mask as the attention mask too, which must keep the env's tokens).
+Layout: GRPO and Dr.GRPO share a group's first prompt (``--shared-prefix``, the grouped layout: the
+env's tokens sit inside the completions, attended to, and the loss reads ``loss_mask``); PPO uses
+the padded layout for episodes (its value and GAE code reads the batch's ``mask``).
 """
 
 from __future__ import annotations
@@ -19,22 +20,33 @@ from collections.abc import Callable
 
 import torch
 
-from trainers.rl.logprobs import Grouped, Padded, batch_of, pad
+from trainers.rl.logprobs import Grouped, Padded, batch_of, group, has_groups, pad
 from trainers.rl.sampling import Samples
 
 
-def samples_batch(samples: Samples, part: slice, pad_id: int, device: torch.device | str,
-                  shared: bool | None) -> Padded | Grouped:
-    """The tensors of a micro-batch: ``batch_of`` for single-turn samples; for episodes the padded
-    layout, attending to every token, with ``mask`` 1 on the model's tokens only."""
+def samples_batch(samples: Samples, part: slice, pad_id: int, device: torch.device | str, shared: bool | None,
+                  shared_episodes: bool = False) -> Padded | Grouped:
+    """The tensors of a micro-batch: ``batch_of`` for single-turn samples. For episodes the batch
+    attends to every token and carries ``loss_mask`` (1 on the model's tokens only): in the padded
+    layout ``mask`` is the loss mask too (it is not read for attention there); with
+    ``shared_episodes`` and ``shared``, the grouped layout (a group's first prompt once), whose
+    ``mask`` stays the attention mask, so the loss must read ``loss_mask`` (GRPO does)."""
     if samples.loss_masks is None:
         return batch_of(samples.prompt_ids[part], samples.completion_ids[part], pad_id, device, shared)
-    batch = pad(samples.prompt_ids[part], samples.completion_ids[part], pad_id, device)
+    grouped = shared_episodes and (shared if shared is not None else has_groups(samples.prompt_ids[part]))
+    batch = (group if grouped else pad)(samples.prompt_ids[part], samples.completion_ids[part], pad_id, device)
     loss = torch.zeros_like(batch.mask)
     for i, m in enumerate(samples.loss_masks[part]):
         loss[i, :len(m)] = torch.tensor(m, dtype=loss.dtype)
-    batch.mask = batch.mask * loss  # the attention mask was built from the whole sequence already
+    batch.loss_mask = loss * batch.mask
+    if not grouped:
+        batch.mask = batch.loss_mask  # the attention mask was built from the whole sequence already
     return batch
+
+
+def loss_mask(batch: Padded | Grouped) -> torch.Tensor:
+    """The positions a loss sums over: the model's tokens of an episode, else every completion token."""
+    return getattr(batch, "loss_mask", batch.mask)
 
 
 def last_token(mask: torch.Tensor) -> torch.Tensor:
