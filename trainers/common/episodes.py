@@ -60,7 +60,7 @@ class Episode:
     error: str | None = None
     tool_calls: int = 0
     tool_errors: int = 0
-    last_text: str = ""  # the last assistant turn
+    last_text: str = ""  # the model's text of the last turn (after the opening, on a first turn)
 
     @property
     def done(self) -> bool:
@@ -169,8 +169,8 @@ def _advance(ep: Episode, text: str, result: Score, finished: bool, max_turns: i
     if ep.turns == 0 and ep.messages and ep.messages[-1].get("role") == "assistant":
         ep.messages.pop()  # the opening: the first turn's text holds it
     ep.messages.append({"role": "assistant", "content": text})
+    ep.last_text = text[len(ep.example.opening):] if ep.turns == 0 else text
     ep.turns += 1
-    ep.last_text = text
     ep.rewards.append(float(result.reward))
     ep.correct, ep.parts = bool(result.correct), dict(result.parts)
     if not isinstance(result, TurnScore):  # the turn failed (timeout, worker death, a bug): the episode ends
@@ -192,16 +192,6 @@ def _advance(ep: Episode, text: str, result: Score, finished: bool, max_turns: i
     ep.ids += bridge
     ep.mask += [0] * len(bridge)
     ep.messages += [dict(m) for m in result.messages]
-
-
-def episode_stats(episodes: Sequence[Episode]) -> dict[str, float]:
-    """Means per episode: return, solved, turns, model tokens, tool calls and tool errors, and the
-    fractions truncated and failed."""
-    n = max(1, len(episodes))
-    return {"return": sum(e.episode_return for e in episodes) / n, "pass@1": sum(e.correct for e in episodes) / n,
-            "turns": sum(e.turns for e in episodes) / n, "tokens": sum(e.model_tokens for e in episodes) / n,
-            "tool_calls": sum(e.tool_calls for e in episodes) / n, "tool_errors": sum(e.tool_errors for e in episodes) / n,
-            "truncated": sum(e.truncated for e in episodes) / n, "errors": sum(e.error is not None for e in episodes) / n}
 
 
 def generation_of(episodes: Sequence[Episode], seconds: float):
