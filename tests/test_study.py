@@ -378,3 +378,22 @@ def test_the_study_settles_its_dtype_and_refuses_another(tmp_path, tiny_model_di
     with pytest.raises(SystemExit):
         study.main([*tiny_argv(out, tiny_model_dir), "--dtype", "bf16"])
     assert f"--dtype bf16: {out} computes in fp32" in capsys.readouterr().err  # both dtypes named
+
+
+@pytest.mark.parametrize("name", ["study_conciseness_round2_cpu.yaml", "study_rg_arithmetic_round2_cpu.yaml"])
+def test_round_two_presets_give_grids_the_verdict_rules_compare(name, tmp_path):
+    """Claim 3 needs every method's step size alone varied over the same factor with as many settings;
+    full-rank ES's sigma keeps each member's perturbation in bf16 (correlation 0.93 at 1e-3, docs/es.md)."""
+    from pathlib import Path
+
+    from benchmarks.verdicts import Study, step_grid
+    from trainers.common.config import load_yaml
+
+    cfg = study.StudyConfig(**load_yaml(Path("benchmarks/configs") / name))
+    cfg.validate()
+    runs = [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed}
+            for r in study_plan.plan(cfg, tmp_path)]
+    grids = Study(tmp_path, {"runs": runs, "methods": {}})
+    for method in cfg.method_list:
+        assert step_grid(grids, method) == (2, pytest.approx(6.0), True), method
+    assert min(cfg.grid("sigmas")) >= 1e-3 and cfg.seeds == 4 and set(cfg.method_list) == set(study.DEFAULT_METHODS)
