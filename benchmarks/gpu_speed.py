@@ -175,12 +175,16 @@ def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, populati
 
 def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int, group: int, tokens: int,
               size: int) -> list[Row]:
-    """rl_speed's GRPO step, shared prefix on and off, the second step timed."""
+    """rl_speed's GRPO step, shared prefix on and off, the second step timed (on its task; on
+    Countdown-v0 where reasoning-gym is not installed)."""
+    import importlib.util
+
+    env = () if importlib.util.find_spec("reasoning_gym") else ("--env", "Countdown-v0", "--env-args", "{}")
     out = []
     for shared in ("on", "off"):
         def measure(row: Row, shared=shared) -> None:
             extra = ("--model", str(model_dir), "--max-new-tokens", str(tokens), "--batch-size", str(prompts),
-                     "--group-size", str(group), "--device", device)
+                     "--group-size", str(group), "--device", device, *env)
             with tempfile.TemporaryDirectory() as tmp:
                 run = rl_speed.run_ours({"who": "ours", "dtype": dtype, "shared": shared, "grad_accum": 1}, 2,
                                         "native", Path(tmp), extra)
@@ -189,7 +193,7 @@ def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int,
                 raise RuntimeError(r["error"])
             # the limit is the sampling's: its decode steps; the update's time counts against it
             row.seconds, row.tokens, row.steps, row.weight_bytes = r["step"], prompts * group * tokens, tokens, size
-            row.note = f"sampling {r['sampling']:.3f} s, update {r['update']:.3f} s"
+            row.note = f"sampling {r['sampling']:.3f} s, update {r['update']:.3f} s; {env[1] if env else rl_speed.ENV}"
 
         layout = "shared prefix" if shared == "on" else "padded, one row per response"
         out.append(attempt(Row(f"GRPO step, {layout}", arch, "native", f"{prompts} x G={group} x {tokens}", None),
