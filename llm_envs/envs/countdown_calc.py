@@ -56,7 +56,7 @@ CALCULATOR = Tool("calculator", calculator, {"type": "function", "function": {
 
 
 class CountdownCalcEnv(MultiTurnEnv, CountdownEnv):
-    """Countdown-v0 over several turns with a ``calculator`` tool (module docstring).
+    """Countdown-v0 over several turns, with a ``calculator`` tool (multi-turn; see the module docstring).
 
     Args: Countdown-v0's, and ``max_turns`` (turns an episode may take, tool turns included).
     """

@@ -34,7 +34,7 @@ _INT = re.compile(r"[+-]?\d{1,12}")
 
 
 class GuessNumberEnv(MultiTurnEnv):
-    """Guess an integer in ``1..high`` with higher/lower feedback, in at most ``max_turns`` guesses."""
+    """Guess an integer in ``1..high`` with higher/lower feedback, in at most ``max_turns`` guesses (multi-turn)."""
 
     max_new_tokens = 64
     score_workers = 0  # pure-Python, cheap

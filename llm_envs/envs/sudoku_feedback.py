@@ -55,7 +55,7 @@ def feedback(text: str, puzzle: list[list[int]]) -> str:
 
 
 class SudokuFeedbackEnv(MultiTurnEnv, SudokuEnv):
-    """Sudoku-v0 with up to ``attempts`` attempts and conflict feedback (module docstring).
+    """Sudoku-v0 over up to ``attempts`` attempts, the env naming conflicts after each (multi-turn).
 
     Args: Sudoku-v0's, ``attempts`` (turns an episode may take) and ``attempt_reward`` (the weight
     of the optional per-attempt shaping).
