@@ -50,7 +50,7 @@ from trainers.engines.sampling import Sampler
 LENGTH_STEP = 128
 #: Steps between the host's looks at which rows are done (each look waits for the device).
 SYNC_EVERY = 8
-#: ``LLM_ENVS_CUDA_GRAPHS=0``: the fixed-shape step runs eagerly on CUDA too.
+#: ``LLM_ENVS_CUDA_GRAPHS=0``: no fixed shapes or graphs on CUDA either (the eager, compacting loop).
 GRAPHS_ENV = "LLM_ENVS_CUDA_GRAPHS"
 
 
@@ -146,10 +146,11 @@ class FixedShapes:
             self.tensors = where
         dtype = self.decoder._dtype()
         if self.buffers is None or not self.buffers.holds(slots, length, dtype):
-            held = self.buffers if self.buffers is not None and self.buffers.cache.k.dtype == dtype else None
-            self.buffers, self.captured = None, {}  # freed before the larger ones are allocated
-            self.buffers = Buffers(self.decoder, max(slots, held.slots if held else 0),
-                                   max(length, held.length if held else 0))
+            old = self.buffers
+            if old is not None and old.cache.k.dtype == dtype:  # grow to hold both calls' shapes
+                slots, length = max(slots, old.slots), max(length, old.length)
+            self.buffers, self.captured, old = None, {}, None  # freed before the larger ones are allocated
+            self.buffers = Buffers(self.decoder, slots, length)
         return self.buffers
 
     def _members(self, noise: RowNoise) -> RowNoise:
