@@ -116,3 +116,24 @@ def test_feedback_names_conflicts_and_never_values():
     assert conflicts(grid) == ["row 4", "column 4", "bottom-right box"]
     text = feedback(f"<answer>\n{format_grid(grid)}\n</answer>", [[0] * 4 for _ in range(4)])
     assert text == "Not solved: these do not hold 1-4 exactly once: row 4, column 4, bottom-right box. Try again."
+
+
+@pytest.mark.parametrize("env_id", ["Countdown-calc-v0", "Sudoku-feedback-v0", "GuessNumber-v0"])
+def test_each_env_runs_under_es_grpo_and_eval(env_id, tiny_model_dir, tmp_path):
+    import json
+
+    import eval.__main__ as eval_cli
+    from trainers import es, grpo
+
+    common = ["--env", env_id, "--model", str(tiny_model_dir), "--max-new-tokens", "6", "--eval-limit", "2",
+              "--env-args", '{"train_size": 4, "test_size": 2}', "--seed", "0"]
+    es.main([*common, "--out", str(tmp_path / "es"), "--iterations", "1", "--population", "2", "--batch-size", "2",
+             "--noise", "lowrank", "--temperature", "1"])
+    grpo.main([*common, "--out", str(tmp_path / "grpo"), "--steps", "1", "--batch-size", "2", "--group-size", "2",
+               "--loss", "dr_grpo"])
+    for run in ("es", "grpo"):
+        log = [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in log if "eval_pass@1" in r] == [0, 1]
+    [summary] = eval_cli.main(["--env", env_id, "--model", str(tiny_model_dir), "--limit", "2", "--max-new-tokens", "6",
+                               "--env-args", '{"train_size": 4, "test_size": 2}', "--out", str(tmp_path / "eval")])
+    assert summary["n"] == 2 and summary["turns_mean"] >= 1
