@@ -91,7 +91,11 @@ def test_buckets_and_columns():
     assert static.columns_for(1) == static.columns_for(128) == 128 and static.columns_for(129) == 256
 
 
-def test_the_fixed_shape_path_is_cudas_default_and_graphs_need_cuda(tiny_model, tiny_tokenizer):
+def test_the_fixed_shape_path_is_cudas_default_and_graphs_need_cuda(tiny_model, tiny_tokenizer, monkeypatch):
+    monkeypatch.delenv(static.GRAPHS_ENV, raising=False)
+    assert static.graphs_wanted()
+    monkeypatch.setenv(static.GRAPHS_ENV, "0")  # the way back to the eager loop on CUDA
+    assert not static.graphs_wanted()
     assert NativeEngine(tiny_model, tiny_tokenizer).static is None  # CPU: compaction stays the default
     eager = NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=True)
     assert eager.static.graphs is False
