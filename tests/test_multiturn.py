@@ -310,3 +310,19 @@ def test_turns_in_worker_processes_are_bounded_too(tiny_tokenizer):
         [ep] = run_episodes(Scripted(tiny_tokenizer, ["hang"]), scorer, examples[:1], 400)
         assert (ep.error, ep.terminated, ep.episode_return) == ("timeout", True, 0.0)
         assert time.monotonic() - start < 30
+
+
+def test_bridge_ids_under_qwen25s_template(tiny_tokenizer):
+    """Qwen2.5's template (as TRL ships it) renders tool results as a user turn of <tool_response> blocks."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("trl")
+    path = Path(spec.origin).parent / "chat_templates" / "qwen2_5.jinja" if spec else None
+    if path is None or not path.is_file():
+        pytest.skip("needs trl's copy of Qwen2.5's chat template")
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = path.read_text()
+    tools = [{"role": "tool", "name": "calculator", "content": "70"}, {"role": "tool", "name": "calculator", "content": "7"}]
+    assert tok.decode(bridge_ids(tok, tools)) == ("\n<|im_start|>user\n<tool_response>\n70\n</tool_response>\n"
+                                                   "<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
