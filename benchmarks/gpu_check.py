@@ -298,10 +298,10 @@ def fsdp_check(model_dir: Path, work: Path, device: str, gpus: int, dtype: str =
 # ----- speed -------------------------------------------------------------------------------------------
 
 
-def tokens_per_second(model, tokenizer, engine_name: str, rows: int, tokens: int) -> float:
+def tokens_per_second(model, tokenizer, engine_name, rows: int, tokens: int) -> float:
     """Plain batched generation of ``rows`` rows of exactly ``tokens`` new tokens (the second call:
-    the first warms up)."""
-    engine = make_engine(engine_name, model, tokenizer)
+    the first warms up). ``engine_name``: an engine's name, or an engine built by the caller."""
+    engine = make_engine(engine_name, model, tokenizer) if isinstance(engine_name, str) else engine_name
     prompts = (PROMPTS * (rows // len(PROMPTS) + 1))[:rows]
     engine.generate(prompts, tokens, min_new_tokens=tokens)
     start = time.perf_counter()
