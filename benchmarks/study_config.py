@@ -32,8 +32,8 @@ INVOCATION = ("device", "grad_accum", "commit", *(name for name in ENGINE_FIELDS
 @dataclass
 class StudyConfig(EngineOptions):
     engine: str = field(default=AUTO_ENGINE, metadata={
-        "help": f"generation engine of every run and evaluation: auto (native for a Llama/Qwen2 model on CPU, hf "
-                f"otherwise), {ENGINES_HELP}", "choices": [AUTO_ENGINE, *ENGINES]})
+        "help": f"generation engine of every run and evaluation: auto (native for a Llama/Qwen2 model on CPU or "
+                f"CUDA, hf otherwise), {ENGINES_HELP}", "choices": [AUTO_ENGINE, *ENGINES]})
     env: str = field(default="Conciseness-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
     seeds: int = field(default=4, metadata={"help": "seeds per method and setting (runs use seeds 0..K-1)"})
     max_samples: int = field(default=256, metadata={"help": "generated training responses per run, the same for "
@@ -147,23 +147,19 @@ class StudyConfig(EngineOptions):
 
 
 def resolve_engine(cfg: StudyConfig) -> None:
-    """``--engine auto``: native for a model it runs, on CPU; hf otherwise (see ``AUTO_ENGINE``)."""
+    """``--engine auto``: the engine every trainer and ``python -m eval`` picks for this model on this
+    device (``trainers.engines.choice``), decided once for the whole study from the model's config."""
     if cfg.engine != AUTO_ENGINE:
         return
-    from transformers import AutoConfig
+    from transformers import LlamaConfig
 
+    from eval.harness import local_config
     from trainers.common.models import ALIASES
-    from trainers.engines.native.model import SUPPORTED
+    from trainers.engines.choice import choose_engine
 
-    if resolve_device(cfg.device).type != "cpu":
-        cfg.engine = "hf"
-        return
-    try:
-        model_type = "llama" if cfg.model.lower() in ALIASES else \
-            AutoConfig.from_pretrained(cfg.model, local_files_only=True).model_type
-    except (OSError, ValueError):
-        model_type = None
-    cfg.engine = "native" if model_type in SUPPORTED else "hf"
+    # the default model is a Llama, whose converted copy is on disk only once it has been fetched
+    config = local_config(cfg.model) or (LlamaConfig() if cfg.model.lower() in ALIASES else None)
+    cfg.engine = "hf" if config is None else choose_engine(config, resolve_device(cfg.device)).engine
 
 
 
