@@ -140,8 +140,11 @@ def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int],
     for n in rows:
         for name, build in engines.items():
             def measure(row: Row, build=build, n=n) -> None:
-                speed = gpu_check.tokens_per_second(model, tokenizer, build(), n, tokens)
+                engine = build()
+                speed = gpu_check.tokens_per_second(model, tokenizer, engine, n, tokens)
                 row.seconds, row.tokens, row.steps, row.weight_bytes = n * tokens / speed, n * tokens, tokens, size
+                failure = getattr(getattr(engine, "static", None), "failure", None)
+                row.note = f"graph capture failed, ran without: {failure}" if failure else ""
 
             out.append(attempt(Row("generation", arch, name, f"{n} x {tokens}", None), measure))
     del model

@@ -24,7 +24,8 @@ step touches keeps its shape and its address from one step, and one call, to the
   members or not), captured at its first use and replayed after: a thin layer over the step, so
   the CPU tests run every line of this path but the capture. Dropped when the model's tensors move
   (the model moved, cast or reloaded), when the buffers grow, or when the members' layout changes
-  (another population size or rank). Under autocast (the RL policy: fp32 weights computing in
+  (another population size or rank). If a capture fails, the engine warns once and decodes on
+  without graphs (``failure`` says why). Under autocast (the RL policy: fp32 weights computing in
   bf16) autocast's weight cache is off (``NativeEngine._autocast``; a cached cast would be made
   inside one capture and freed after it), so each replay casts the weights it reads: more memory
   traffic than bf16 weights, still no launches. ``LLM_ENVS_CUDA_GRAPHS=0`` turns the path off on
@@ -37,6 +38,7 @@ every slot. Sampling runs eagerly on each step's logits, one random stream per r
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -128,6 +130,7 @@ class FixedShapes:
         self.noise: RowNoise | None = None
         self.captured: dict[tuple, CapturedStep] = {}
         self.tensors: tuple = ()  # where the model's tensors were when the graphs were captured
+        self.failure: str | None = None  # why capturing failed, if it did (graphs are then off)
 
     def held_rows(self, tokens: int, dtype: torch.dtype) -> int:
         """Rows the held buffers give a wave of ``tokens`` per row computing in ``dtype`` without
@@ -176,7 +179,13 @@ class FixedShapes:
 
         def replay() -> torch.Tensor:  # captured at the first call, once this step's inputs are in place
             if key not in self.captured:
-                self.captured[key] = CapturedStep(step)
+                try:
+                    self.captured[key] = CapturedStep(step)
+                except RuntimeError as exc:  # a kernel that cannot be captured: decode on, without graphs
+                    self.graphs, self.failure = False, f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+                    warnings.warn(f"--engine native: capturing the decode step as a CUDA graph failed "
+                                  f"({self.failure}); decoding without graphs ({GRAPHS_ENV}=0 skips the attempt)")
+                    return step()
             return self.captured[key]()
 
         return replay
