@@ -26,9 +26,16 @@ setting), ``table2.md`` (the paper's Table 2 layout: reward and KL, mean ± std 
 method and setting), ``runs.md`` (every run: validation, test, KL, reward-hacking flag),
 ``seed_variance.md``, ``pareto-ENV-SPLIT.png`` (every seed's model, each method's front),
 ``curves.png`` (training reward against samples, mean and band over seeds) and ``results.json``
-(every number). Runs live in OUT/runs/METHOD/SETTING/seed=S, evaluations in OUT/evals. A killed
-study resumes where it stopped when run again with the same arguments: finished runs and
-evaluations are not redone, an unfinished run resumes from its last checkpoint.
+(every number). Runs live in OUT/runs/METHOD/SETTING/seed=S (each keeps ``study_record.json`` and
+its evaluated completions, ``completions.jsonl.gz``: ``benchmarks.evidence`` counts and rescores
+them), evaluations in OUT/evals. ``--curve-budgets`` then continues each method's selected setting
+to larger budgets (``benchmarks.study_curves``). A killed study resumes where it stopped when run
+again with the same arguments: finished runs and evaluations are not redone, an unfinished run
+resumes from its last checkpoint.
+
+This module is the driver; what a study is lives in ``study_config`` (options, identity, dtype),
+its runs and their flags in ``study_plan``, training and measuring one run in ``study_run``, what is
+kept of it in ``study_record``, and the tables in ``study_report``.
 
 Several processes (``torchrun --nproc-per-node G -m benchmarks.study ...``): every run trains on all
 G processes (ES: members split over them, one engine each; RL: FSDP2), and process 0 alone runs
