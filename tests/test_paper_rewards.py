@@ -121,3 +121,46 @@ def test_sudoku_equals_reasoning_gyms_mini_sudoku_reward():
                            *(full[:cut] for cut in range(len(full) - 30, len(full), 7))]:
             expected = score_answer(extract_answer(ex.opening + completion), entry)
             assert scoring.checked_score(env, completion, ex).reward == pytest.approx(expected, abs=1e-12), completion
+
+
+def paper_last_boxed(text: str) -> str | None:
+    """The paper's "last \\boxed{} answer": the content of the last \\boxed{ whose braces close."""
+    for start in reversed([m.end() for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text)]):
+        depth, i = 1, start
+        while i < len(text) and depth:
+            if text[i] == "\\":
+                i += 2
+                continue
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            return text[start:i - 1].strip()
+    return None
+
+
+def test_math_equals_math_verify_on_the_last_boxed_answer(tmp_path):
+    """MATH: 1 if the last \\boxed{} answer equals the reference by math-verify (no format reward)."""
+    import json
+
+    from math_verify import LatexExtractionConfig, parse, verify
+
+    golds = ["204", "\\frac{1}{2}", "2\\sqrt{2}", "\\left( 3, \\frac{\\pi}{2} \\right)", "135^\\circ", "(-2, 2)"]
+    path = tmp_path / "math.jsonl"
+    path.write_text("".join(json.dumps({"problem": f"Problem {i}.", "answer": g}) + "\n" for i, g in enumerate(golds)))
+    env = llm_envs.make("MATH-v0", data={"test": str(path)}, hub=False)
+
+    def boxed(answer: str) -> list:
+        return parse("\\boxed{" + answer + "}", [LatexExtractionConfig(boxed_match_priority=0)], parsing_timeout=None)
+
+    for ex in env.examples("test"):
+        g = ex.answer
+        full = f"So the answer is $\\boxed{{{g}}}$."
+        for completion in [full, f"\\boxed{{7}} then {full}", f"{full} or maybe \\boxed{{7}}", f"\\boxed{{{g}",
+                           f"{full} \\boxed{{", f"\\boxed{{\\boxed{{{g}}}}}", "\\boxed{}", f"\\boxed{{ {g} }}",
+                           f"\\fbox{{{g}}}", f"\\boxed {{{g}}}", f"The answer is {g}.", "", f"\\boxed{{{g}}}\u00a0",
+                           f"\\boxed{{答 {g}}}", *(full[:cut] for cut in range(len(full) - 6, len(full)))]:
+            pred = paper_last_boxed(completion)
+            expected = float(bool(pred) and bool(verify(boxed(g), boxed(pred), timeout_seconds=None)))
+            score = scoring.checked_score(env, completion, ex)
+            assert (score.reward, score.parts["boxed"]) == (expected, float(pred is not None)), (completion, pred)
+    env.close()
