@@ -91,10 +91,12 @@ def test_buckets_and_columns():
     assert static.columns_for(1) == static.columns_for(128) == 128 and static.columns_for(129) == 256
 
 
-def test_the_fixed_shape_path_is_cudas_default_and_graphs_need_cuda(tiny_model, tiny_tokenizer, monkeypatch):
+def test_the_fixed_shape_path_is_opt_in_and_graphs_need_cuda(tiny_model, tiny_tokenizer, monkeypatch):
     monkeypatch.delenv(static.GRAPHS_ENV, raising=False)
+    assert not static.graphs_wanted()  # off on CUDA too until the path has run on a GPU
+    monkeypatch.setenv(static.GRAPHS_ENV, "1")
     assert static.graphs_wanted()
-    monkeypatch.setenv(static.GRAPHS_ENV, "0")  # the way back to the eager loop on CUDA
+    monkeypatch.setenv(static.GRAPHS_ENV, "0")
     assert not static.graphs_wanted()
     assert NativeEngine(tiny_model, tiny_tokenizer).static is None  # CPU: compaction stays the default
     eager = NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=True)

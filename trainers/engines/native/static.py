@@ -28,8 +28,8 @@ step touches keeps its shape and its address from one step, and one call, to the
   without graphs (``failure`` says why). Under autocast (the RL policy: fp32 weights computing in
   bf16) autocast's weight cache is off (``NativeEngine._autocast``; a cached cast would be made
   inside one capture and freed after it), so each replay casts the weights it reads: more memory
-  traffic than bf16 weights, still no launches. ``LLM_ENVS_CUDA_GRAPHS=0`` turns the path off on
-  CUDA (the engine then decodes eagerly, compacting, as on CPU).
+  traffic than bf16 weights, still no launches. ``LLM_ENVS_CUDA_GRAPHS=1`` makes the path CUDA's
+  default; until it has been measured on a GPU the default stays the eager, compacting loop.
 
 Prefill stays eager (its shape follows the prompts): one SDPA pass over the left-padded prompts of
 every slot. Sampling runs eagerly on each step's logits, one random stream per row as ever.
@@ -52,7 +52,8 @@ from trainers.engines.sampling import Sampler
 LENGTH_STEP = 128
 #: Steps between the host's looks at which rows are done (each look waits for the device).
 SYNC_EVERY = 8
-#: ``LLM_ENVS_CUDA_GRAPHS=0``: no fixed shapes or graphs on CUDA either (the eager, compacting loop).
+#: ``LLM_ENVS_CUDA_GRAPHS=1``: fixed shapes and graphs by default on CUDA. Off until the path has run
+#: on a GPU (``benchmarks.gpu_speed`` turns it on for its own rows): an untried capture is not a default.
 GRAPHS_ENV = "LLM_ENVS_CUDA_GRAPHS"
 
 
@@ -79,7 +80,7 @@ def columns_for(tokens: int) -> int:
 
 
 def graphs_wanted() -> bool:
-    return os.environ.get(GRAPHS_ENV, "1") != "0"
+    return os.environ.get(GRAPHS_ENV, "0") == "1"
 
 
 class Buffers:
