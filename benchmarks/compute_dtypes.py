@@ -60,21 +60,26 @@ class MatmulDtypes(TorchFunctionMode):
 
 
 def main(argv: list[str] | None = None) -> None:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) < 2:
-        raise SystemExit("usage: python -m benchmarks.compute_dtypes OUT MODULE [ARGS...]")
-    out, module, rest = Path(argv[0]), argv[1], argv[2:]
+    import argparse
+
+    from trainers.common.config import Parser
+
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser.add_argument("out", help="prefix of the result files: OUT.rank<R>.json")
+    parser.add_argument("module", help="the module to run (python -m MODULE), e.g. trainers.grpo")
+    parser.add_argument("args", nargs=argparse.REMAINDER, help="its arguments")
+    args = parser.parse_args(argv)
     rank = int(os.environ.get("RANK", "0"))
     seen = MatmulDtypes()
-    sys.argv = [module, *rest]
+    sys.argv = [args.module, *args.args]
     code = 0
     try:
         with seen:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            runpy.run_module(args.module, run_name="__main__", alter_sys=True)
     except SystemExit as exc:
         code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
-        Path(f"{out}.rank{rank}.json").write_text(json.dumps(seen.record()) + "\n")
+        Path(f"{args.out}.rank{rank}.json").write_text(json.dumps(seen.record()) + "\n")
     raise SystemExit(code)
 
 
