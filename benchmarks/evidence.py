@@ -4,12 +4,14 @@ beside every run's ``study_record.json`` and the base model's ``evals/base/EVAL/
     python -m benchmarks.evidence docs/study-rg-arithmetic                     # the counts docs quote
     python -m benchmarks.evidence docs/study-rg-arithmetic --rescore runs/rg-rescored
 
-Counts, per model (base model, then every run) and measurement (greedy, sampled): responses,
+Counts, per model (base model, every run, every learning-curve point) and measurement (greedy,
+sampled): responses,
 correct, partial credit (0 < reward < 1), answers left open (the turn's last ``<answer>`` never
 closed), no ``<answer>`` block, cut at the token limit, and the mean reward.
 
 ``--rescore DIR`` scores every committed completion again with the environment's current code and
-writes the study's report (tables, figures, ``results.json``) under DIR: with unchanged scoring it
+writes the study's report (tables, figures, ``results.json``, and the learning curves where the study
+has them) under DIR: with unchanged scoring it
 gives the study's own tables; after a scoring change, what the change does to them. Settings stay
 selected on the validation numbers the runs logged (validation completions are not kept).
 """
@@ -22,6 +24,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from benchmarks.study_config import StudyConfig
+from benchmarks.study_curves import write_curves
 from benchmarks.study_record import COMPLETIONS, read_completions, select
 from benchmarks.study_report import hacked, write_report
 from eval.table import Table, render
@@ -59,11 +62,22 @@ def run_dir(study: Path, record: dict[str, Any]) -> Path:
     return study / "runs" / record["method"] / record["setting"] / f"seed={record['seed']}"
 
 
-def measurements(study: Path, results: dict[str, Any]) -> list[tuple[str, dict[str, Any] | None, Path]]:
-    """(model label, its record or None for the base model, its completions file), every one present."""
+def curve_points(study: Path) -> list[dict[str, Any]]:
+    """The learning curves' points (``--curve-budgets``; none without)."""
+    file = study / "curves.json"
+    return json.loads(file.read_text())["points"] if file.is_file() else []
+
+
+def measurements(study: Path, results: dict[str, Any], points: list[dict[str, Any]] | None = None
+                 ) -> list[tuple[str, dict[str, Any] | None, Path]]:
+    """(model label, its record or None for the base model, its completions file), every one present:
+    the base model, every run, and every point of the learning curves (``points``)."""
     found = [(f"Original ({name})", None, study / "evals" / "base" / name / COMPLETIONS) for name in results["base"]]
     found += [(f"{r['label']} {r['setting']} seed={r['seed']}", r, run_dir(study, r) / COMPLETIONS)
               for r in results["runs"]]
+    found += [(f"{p['label']} {p['setting']} seed={p['seed']} at {p['budget']} (curve)", p,
+               study / "curves" / p["method"] / p["setting"] / f"seed={p['seed']}" / f"completions-{p['budget']}.jsonl.gz")
+              for p in (curve_points(study) if points is None else points)]
     missing = [str(path) for _, _, path in found if not path.is_file()]
     if missing:
         raise ConfigError(f"{study}: {len(missing)} of {len(found)} completions files are missing (first: "
@@ -124,8 +138,9 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
     scorer = llm_envs.BatchScorer(env, workers)
     base = {k: dict(v) for k, v in results["base"].items()}
     records = [dict(r) for r in results["runs"]]  # rescored in these copies
+    points = [dict(p) for p in curve_points(study)]
     try:
-        for _, record, path in measurements(study, {**results, "runs": records}):
+        for _, record, path in measurements(study, {**results, "runs": records}, points):
             target = base if record is None else record
             for name, rows in by_eval(read_completions(path)).items():
                 unknown = [r["id"] for r in rows if r["id"] not in examples]
@@ -142,6 +157,8 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_report(cfg, out, records, base, select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"))
+    if points:
+        write_curves(cfg, out, points, base)
     return out
 
 

@@ -43,6 +43,12 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     assert (out / "learning_curve.png").stat().st_size > 0
     assert not list(out.glob("curves/*/*/*/final"))  # weights deleted once every budget is measured
     assert "curve_budgets" not in json.loads((out / "study.json").read_text())  # an extension, not the grid
+    # the curve's completions are evidence too: counted, and rescored to the same table
+    from benchmarks import evidence
+
+    assert evidence.main([str(out)]).count("(curve)") == 2 * 3 * 2  # 2 methods x 3 budgets x (greedy, kl)
+    evidence.main([str(out), "--rescore", str(tmp_path / "rescored")])
+    assert (tmp_path / "rescored" / "learning_curve.md").read_text() == text
 
 
 def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):
