@@ -350,6 +350,18 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
 # ----- the run ----------------------------------------------------------------------------------
 
 
+def iteration_size(cfg: ESConfig, train_size: int) -> tuple[int, int]:
+    """(prompts per iteration, responses one iteration generates); an iteration larger than
+    ``--max-samples`` is a ``ConfigError``."""
+    per_iteration = min(cfg.batch_size or train_size, train_size)
+    per_step = cfg.population * per_iteration * cfg.samples_per_prompt
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
+        samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
+        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
+                          f"{per_iteration} prompts{samples} = {per_step} responses")
+    return per_iteration, per_step
+
+
 def load_weights(cfg: ESConfig, dist, log: UpdateLog, device: torch.device):
     """(model, tokenizer, params, layers) where the run stands: the base model, or on a resume the
     newest checkpoint (its fp32 masters too) with the updates logged after it re-applied."""
@@ -376,13 +388,7 @@ def train(cfg: ESConfig) -> Path:
         raise ConfigError(f"--device: {exc}") from None
     decision = settle_dtype(cfg, device, dist.from_main, dist.is_main)  # a resume's other --dtype ends here
     train_examples = env.examples("train")
-    per_iteration = min(cfg.batch_size or len(train_examples), len(train_examples))
-    per_member = per_iteration * cfg.samples_per_prompt  # responses a member generates
-    per_step = cfg.population * per_member  # responses one iteration generates
-    if cfg.max_samples is not None and cfg.max_samples < per_step:
-        samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
-        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
-                          f"{per_iteration} prompts{samples} = {per_step} responses")
+    per_iteration, per_step = iteration_size(cfg, len(train_examples))
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
     dist.hint = f"continue it with: python -m trainers.es --resume {run.path} (on any number of processes)"
@@ -398,9 +404,7 @@ def train(cfg: ESConfig) -> Path:
     engine = make_engine(options, model, tokenizer)  # after the replay: from the current weights
     run.note_runtime(model, done, engine.name, precision=decision.record(), engine_why=engine_why)
     if cfg.resume and dist.is_main:
-        log.resumed()
-        source = f"checkpoint {log.checkpoint}" if log.checkpoint is not None else "the base model"
-        say(f"resumed {run.path} after iteration {done} (weights from {source})")
+        say(log.resumed())
     budget = log.budget(cfg.max_samples)
     for line in start_lines(cfg, model, params, layers, decision, engine.name, run.path, dist.world, per_iteration):
         say(line)

@@ -50,11 +50,13 @@ class UpdateLog:
             return Budget(max_samples)
         return Budget(max_samples, self.updates[-1]["samples"], self.updates[-1].get("tokens", 0))
 
-    def resumed(self) -> None:
+    def resumed(self) -> str:
         """On the main process of a resume: the metrics log cut back to ``done`` and the update log
-        rewritten without a torn last line."""
+        rewritten without a torn last line; returns the line saying where the run resumed."""
         self.run.truncate_log(self.done)
         self.path.write_text("".join(json.dumps(u) + "\n" for u in self.updates))
+        source = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "the base model"
+        return f"resumed {self.run.path} after iteration {self.done} (weights from {source})"
 
     def append(self, record: dict[str, Any]) -> None:
         """Log one whole iteration's update, flushed to disk: what a resume replays."""
