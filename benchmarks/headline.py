@@ -96,8 +96,22 @@ def headline(studies: list[Study]) -> str:
              "seed variance, reward against KL) are in its directory; the pilots and how the studies were sized: "
              "[docs/study.md](docs/study.md).", "", "**The paper's four claims** (rules: "
              "`benchmarks/verdicts.py`; p from an exact permutation test over seeds; held and failed need the "
-             "same significance, p < 0.05):", "", *claims(studies)]
+             "same significance, p < 0.05):", "", *claims(studies), *curve_lines(studies)]
     return "\n".join(parts) + "\n"
+
+
+def curve_lines(studies: list[Study]) -> list[str]:
+    """Each study's learning curves (``--curve-budgets``), where it has them: the figure and claim 1's
+    verdict at each budget."""
+    out = []
+    for s in studies:
+        file = s.path / "curves.json"
+        if file.is_file():
+            curves = json.loads(file.read_text())
+            out += ["", f"**Learning curves, {s.env}** ([learning_curve.md]({s.path}/learning_curve.md)):", "",
+                    f"![{s.env}: learning curves]({s.path}/learning_curve.png)", "",
+                    *(f"- {line}" for line in curves["verdicts"])]
+    return out
 
 
 def write_readme(readme: Path, block: str) -> None:

@@ -163,3 +163,14 @@ def test_the_readme_block_is_rewritten_and_a_missing_study_is_a_clear_error(tmp_
     with pytest.raises(SystemExit):
         headline.main([str(out), "--readme", str(tmp_path / "plain.md")])
     assert "headline:start" in capsys.readouterr().err
+
+
+def test_a_study_with_learning_curves_shows_its_figure_and_each_budgets_verdict(tmp_path):
+    s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": FLAT}})
+    s.path = tmp_path
+    assert "Learning curves" not in headline.headline([s])
+    verdicts = ["Claim 1 at 512 responses: failed. x.", "Claim 1 at 2048 responses: not shown. y."]
+    (tmp_path / "curves.json").write_text(json.dumps({"budgets": [512, 2048], "points": [], "verdicts": verdicts}))
+    text = headline.headline([s])
+    assert f"![Toy-v0: learning curves]({tmp_path}/learning_curve.png)" in text
+    assert "- Claim 1 at 2048 responses: not shown. y." in text
