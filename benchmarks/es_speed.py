@@ -46,7 +46,7 @@ import torch
 import llm_envs
 from trainers import es
 from trainers.common.config import Parser, build_config
-from trainers.common.hardware import machine_line
+from trainers.common.precision import header_line
 from trainers.common.models import DEFAULT_MODEL, load_model, load_tokenizer, resolve_device, resolve_dtype
 from trainers.engines import ENGINES, EngineOptions, make_engine, vllm_missing
 from trainers.noise import fullrank, lowrank
@@ -153,7 +153,7 @@ def measure(case: str, args) -> dict:
            "threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
            "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
            "params": sum(p.numel() for p in model.parameters()),
-           "machine": machine_line(next(model.parameters()).device)}
+           "machine": header_line(next(model.parameters()).device, model)}
     peak_of = PeakCUDA if cuda else PeakRSS
     if case in ("exact", "naive"):
         params = fullrank.Params(es.select_params(model, None), fp32_master=False)

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from trainers.common.config import Parser
-from trainers.common.hardware import machine_line
+from trainers.common.precision import header_line
 from trainers.common.models import DEFAULT_MODEL, load_model
 from trainers.noise import fullrank
 
@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> dict:
         what = args.model
     rows = measure(model, args.sigma)
     kinds = by_kind(rows)
-    print(f"full-rank member cast to bf16: {what}, sigma {args.sigma:g}; {machine_line('cpu')}\n")
+    print(f"full-rank member cast to bf16: {what}, sigma {args.sigma:g}; {header_line('cpu')}\n")
     print("| layer kind | parameters | corr(realised, intended) | norm kept | elements unchanged |\n|---|---:|---:|---:|---:|")
     for kind, r in kinds.items():
         print(f"| {kind} | {r['numel'] / 1e6:.2f}M | {r['corr']:.4f} | {r['kept']:.3f} | {r['zero']:.1%} |")
