@@ -12,6 +12,7 @@ import copy
 import hashlib
 import importlib.util
 import json
+import types
 from pathlib import Path
 
 import pytest
@@ -110,6 +111,31 @@ def test_cuda_auto_is_bf16_where_the_gpu_supports_it(monkeypatch):
     for supported, dtype in ((True, "bf16"), (False, "fp32")):
         monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda v=supported: v)
         assert (precision.decide("cuda").dtype, precision.decide("cuda").how) == (dtype, "cuda")
+
+
+class FakeModule(torch.nn.Module):
+    """A module whose parameters say they live on ``device`` (a CUDA policy, simulated without a GPU)."""
+
+    def __init__(self, device: str, trainable: bool = True, transformer: bool = True):
+        super().__init__()
+        self.fake = [types.SimpleNamespace(device=torch.device(device), dtype=torch.float32, requires_grad=trainable)]
+        if transformer:
+            self.config = object()
+
+    def parameters(self, recurse: bool = True):
+        return iter(self.fake)
+
+
+def test_fsdp_gathers_in_bf16_only_when_the_run_computes_in_bf16():
+    """The review's bug: FSDP gathered every trainable fp32 transformer in bf16 on CUDA, whatever
+    --dtype said. Now the run's compute dtype decides."""
+    for compute, expected in ((None, None), (torch.float32, None), (torch.bfloat16, torch.bfloat16)):
+        policy = FakeModule("cuda")
+        precision.set_compute_dtype(policy, compute)
+        assert precision.fsdp_param_dtype(policy) == expected, compute
+    for other in (FakeModule("cpu"), FakeModule("cuda", trainable=False), FakeModule("cuda", transformer=False)):
+        precision.set_compute_dtype(other, torch.bfloat16)  # CPU: autocast casts; frozen or a head: as they are
+        assert precision.fsdp_param_dtype(other) is None
 
 
 def test_the_real_probe_times_both_dtypes_at_both_batches():
