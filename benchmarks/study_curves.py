@@ -94,10 +94,12 @@ def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cach
         continue_to(cfg, run, budget, prompts, validation)
         point = {"method": run.method, "label": run.label, "setting": run.setting, "seed": run.seed,
                  "budget": budget, "validation": validation_result(run)}
+        measuring = time.perf_counter()
         measured = {name: measure(cfg, str(run.path), run.label, run.path / "eval" / f"b{budget}" / name, options,
                                   cache) for name, options in evaluations(cfg)}
         point.update({name: brief(summary) for name, summary in measured.items()})
-        point["wall_seconds"] = time.perf_counter() - start
+        point["measure_seconds"] = time.perf_counter() - measuring
+        point["wall_seconds"] = time.perf_counter() - start  # this invocation's share of the segment
         completions = keep_completions(run.path / f"completions-{budget}.jsonl.gz", measured)
         points.append(point)
         atomic_write(file, json.dumps(points, indent=1) + "\n")
@@ -132,8 +134,11 @@ def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], ou
 
 
 def cumulative(points: list[dict[str, Any]], method: str, budget: int) -> float:
-    """Seconds of ``method``'s curve runs (all seeds) up to ``budget``."""
-    return sum(p["wall_seconds"] for p in points if p["method"] == method and p["budget"] <= budget)
+    """Seconds of ``method``'s curve runs (all seeds) up to ``budget``: the training seconds their logs
+    hold by then (every invocation's, a killed one's included) and the test measurements so far."""
+    at = [p for p in points if p["method"] == method and p["budget"] <= budget]
+    trained = sum(p["validation"]["seconds"] for p in at if p["budget"] == budget)
+    return trained + sum(p.get("measure_seconds", 0.0) for p in at)
 
 
 def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any]) -> None:
@@ -158,9 +163,9 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
         verdict, numbers = claim_budget(study_at(budget, points, base, out))
         verdicts.append(f"Claim 1 at {budget} responses: {verdict}. {numbers}.")
     table.notes = [f"Base model: test pass@1 {100 * base['greedy']['pass@1']:.1f} %, reward "
-                   f"{base['greedy']['reward_mean']:.3f}. Seconds per run to here: training and evaluation of every "
-                   f"segment up to this budget, mean over seeds (the first segment retrains what the grid's run "
-                   f"trained): what each method's curve costs.", *verdicts]
+                   f"{base['greedy']['reward_mean']:.3f}. Seconds per run to here: the training seconds the run's log "
+                   f"holds at this budget and its test measurements so far, mean over seeds (the first segment "
+                   f"retrains what the grid's run trained): what each method's curve costs.", *verdicts]
     (out / "learning_curve.md").write_text(render([table]))
     plot_curves(cfg, points, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts},
