@@ -52,7 +52,7 @@ MARGIN = 1.15
 #: The probe's time budget in seconds (both dtypes, both batches, warm-ups included, roughly).
 PROBE_SECONDS = 1.5
 #: Bump when the probe changes what it measures: older cache entries are then ignored.
-PROBE_VERSION = 1
+PROBE_VERSION = 2
 
 
 # ----- names ---------------------------------------------------------------------------------------
@@ -230,15 +230,18 @@ class _Layer(torch.nn.Module):
 
 def _workloads(s: dict[str, int], dtype: torch.dtype) -> dict[str, tuple]:
     """The probe's batches: ``generation`` (64 rows x 1 new token over a 64-token cache) and
-    ``training`` (4 x 256 tokens, fewer for a layer so large that one forward would eat the budget)."""
-    per_token = 2 * (s["hidden"] * (s["heads"] + 2 * s["kv_heads"]) * s["head_dim"] * 2 + 3 * s["hidden"] * s["intermediate"])
-    tokens = max(64, min(1024, int(8e9 / per_token)))  # at most ~8 GFLOP a forward
+    ``training`` (4 x 256 tokens); fewer rows and tokens for a layer so large that one forward would
+    eat the time budget (a 7B layer: ~10 rows and ~20 tokens, ~4 and ~8 GFLOP)."""
+    weights = s["hidden"] * s["head_dim"] * 2 * (s["heads"] + s["kv_heads"]) + 3 * s["hidden"] * s["intermediate"]
+    per_token = 2 * weights  # FLOPs of a token's matrix products
+    tokens = max(16, min(1024, int(8e9 / per_token)))
     rows, length = (4, tokens // 4) if tokens >= 256 else (1, tokens)
+    gen_rows = max(8, min(64, int(4e9 / per_token)))
     kv = s["kv_heads"], s["head_dim"]
     gen = torch.Generator().manual_seed(1)
     rnd = lambda *shape: torch.randn(*shape, generator=gen).to(dtype)  # noqa: E731
-    return {"generation": (rnd(64, 1, s["hidden"]), (rnd(64, kv[0], 64, kv[1]), rnd(64, kv[0], 64, kv[1]))),
-            "training": (rnd(rows, length, s["hidden"]), None)}
+    cache = (rnd(gen_rows, kv[0], 64, kv[1]), rnd(gen_rows, kv[0], 64, kv[1]))
+    return {"generation": (rnd(gen_rows, 1, s["hidden"]), cache), "training": (rnd(rows, length, s["hidden"]), None)}
 
 
 def probe(shape: dict[str, int], threads: int | None = None, seconds: float = PROBE_SECONDS,
