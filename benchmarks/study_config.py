@@ -10,7 +10,7 @@ from typing import Any
 
 import llm_envs
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs
-from trainers.common.models import DTYPE_CHOICES, default_dtype, dtype_name, resolve_device
+from trainers.common.models import DTYPE_CHOICES, resolve_device
 from trainers.common.splits import MIN_VALIDATION
 from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
 from trainers.engines.options import ENGINES_HELP

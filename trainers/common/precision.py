@@ -120,9 +120,13 @@ def decide(device: torch.device | str, model: Any = None, threads: int | None = 
     if device.type != "cpu":
         return Decision("fp32", f"{device.type}: not measured")
     forced = os.environ.get(FORCE_ENV)
-    if forced is not None and forced.strip().lower() in ("0", "1", "false", "true", "no", "yes", ""):
-        on = forced.strip().lower() in ("1", "true", "yes")
-        return Decision("bf16" if on else "fp32", f"forced by {FORCE_ENV}={forced.strip()}")
+    if forced is not None:
+        value = forced.strip().lower()
+        if value not in ("0", "1", "false", "true", "no", "yes", ""):
+            from trainers.common.config import ConfigError  # config imports this module
+
+            raise ConfigError(f"{FORCE_ENV}={forced!r}: use 1 (bf16) or 0 (fp32), or unset it to measure")
+        return Decision("bf16" if value in ("1", "true", "yes") else "fp32", f"forced by {FORCE_ENV}={forced.strip()}")
     return measured(model_shape(model), threads or torch.get_num_threads())
 
 
