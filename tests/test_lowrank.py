@@ -361,8 +361,9 @@ def test_the_perturbed_share_is_printed_and_a_small_one_warned(tiny_tokenizer, t
     es.main([*args, *mixtral])
     out = capsys.readouterr().out
     # q, k, v, o of 2 layers: 2 x (32x32 + 16x32 + 16x32 + 32x32) = 6,144 of 68,512 parameters
-    assert "parameters perturbed (9.0% of the model; fp32; low-rank R=1 noise on 8 linear layers)" in out
+    assert "parameters perturbed (9.0% of the model; low-rank R=1 noise on 8 linear layers)" in out
+    assert "dtype fp32 (forced by LLM_ENVS_CPU_BF16=0)" in out  # the start line names the dtype and why
     assert "warning: low-rank noise perturbs only 9.0% of this model's parameters" in out
     es.main([*args, "--model", str(tiny_model_dir), "--out", str(tmp_path / "b")])
     out = capsys.readouterr().out
-    assert "% of the model; fp32; low-rank" in out and "warning" not in out
+    assert "% of the model; low-rank" in out and "dtype fp32 (" in out and "warning" not in out

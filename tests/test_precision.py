@@ -24,7 +24,6 @@ from benchmarks.compute_dtypes import MatmulDtypes
 from conftest import build_tiny_model
 from trainers import es, grpo, ppo
 from trainers.common import hardware, precision
-from trainers.common.config import ConfigError
 from trainers.common.models import load_model, save_model
 from trainers.common.precision import resolve_dtype
 from trainers.engines import make_engine
@@ -103,7 +102,7 @@ def test_the_environment_forces_auto_either_way_without_a_probe(monkeypatch):
         assert (decision.dtype, decision.how) == (dtype, f"forced by {hardware.FORCE_ENV}={value}")
         assert f"--dtype auto: {dtype} (forced" in precision.header_line(CPU)
     monkeypatch.setenv(hardware.FORCE_ENV, "2")  # neither: a clear error, not a silent probe
-    with pytest.raises(ConfigError, match="LLM_ENVS_CPU_BF16='2': use 1"):
+    with pytest.raises(precision.PrecisionError, match="LLM_ENVS_CPU_BF16='2': use 1"):
         precision.decide(CPU)
     assert resolve_dtype("bf16", CPU) == torch.bfloat16 and resolve_dtype(torch.float16, CPU) == torch.float16
     with pytest.raises(ValueError, match="invalid dtype 'fp8'"):

@@ -278,7 +278,8 @@ def to_dict(config: Any) -> dict[str, Any]:
 
 #: The errors a command reports in one line (bad options, run directories, data files, models
 #: that cannot load, an engine that cannot run here), never as a traceback.
-USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable, LayerError)
+USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable, LayerError,
+               precision.PrecisionError)
 
 
 def fail(message: str) -> typing.NoReturn:

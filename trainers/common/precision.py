@@ -55,6 +55,10 @@ PROBE_SECONDS = 1.5
 PROBE_VERSION = 2
 
 
+class PrecisionError(ValueError):
+    """A setting that cannot decide a dtype (commands report it in one line, ``config.USER_ERRORS``)."""
+
+
 # ----- names ---------------------------------------------------------------------------------------
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -123,9 +127,7 @@ def decide(device: torch.device | str, model: Any = None, threads: int | None = 
     if forced is not None:
         value = forced.strip().lower()
         if value not in ("0", "1", "false", "true", "no", "yes", ""):
-            from trainers.common.config import ConfigError  # config imports this module
-
-            raise ConfigError(f"{FORCE_ENV}={forced!r}: use 1 (bf16) or 0 (fp32), or unset it to measure")
+            raise PrecisionError(f"{FORCE_ENV}={forced!r}: use 1 (bf16) or 0 (fp32), or unset it to measure")
         return Decision("bf16" if value in ("1", "true", "yes") else "fp32", f"forced by {FORCE_ENV}={forced.strip()}")
     return measured(model_shape(model), threads or torch.get_num_threads())
 
