@@ -46,11 +46,12 @@ def test_completions_are_kept_counted_and_rescored_to_the_same_tables(tiny_study
 
 
 def test_rescoring_uses_the_envs_current_code(tiny_study, tmp_path, monkeypatch):
-    from toy_envs import LetterEnv
-
+    import llm_envs
     from llm_envs import Score
 
-    monkeypatch.setattr(LetterEnv, "score_completion", lambda self, c, e: Score(0.0, False, {"share": 0.0}))
+    # The class the registry builds (an earlier test may have registered toy_envs under another import)
+    env_class = type(llm_envs.make("toy_envs:Letter-v0"))
+    monkeypatch.setattr(env_class, "score_completion", lambda self, c, e: Score(0.0, False, {"share": 0.0}))
     evidence.main([str(tiny_study), "--rescore", str(tmp_path / "zero")])
     results = json.loads((tmp_path / "zero" / "results.json").read_text())
     assert all(r["greedy"]["reward_mean"] == 0.0 and r["greedy"]["pass@1"] == 0.0 for r in results["runs"])
