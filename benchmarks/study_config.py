@@ -182,7 +182,6 @@ def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> Non
         raise ConfigError(str(exc)) from None
 
 
-
 def identity(cfg: StudyConfig) -> dict[str, Any]:
     """The options that define a study's runs (a resumed study must not mix others in); where the runs
     happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""

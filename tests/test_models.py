@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from trainers.common import default_model, models
+from trainers.common import default_model
 from trainers.common.models import (DEFAULT_MODEL, cache_dir, load_model, model_fingerprint, resolve_device,
                                     resolve_dtype, save_model)
 

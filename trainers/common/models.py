@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 
-from trainers.common import precision
 from trainers.common.default_model import (ALIASES, CHATML_TEMPLATE, DEFAULT_MODEL, SMOLLM2_CACHE_NAME,  # noqa: F401
                                            cache_dir, detach_quantizer, ensure_default_model, first_line, load_gguf)
 from trainers.common.files import atomic_directory
@@ -49,11 +48,6 @@ def resolve_device(device: str | torch.device | None = None) -> torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available (use 'cpu')")
     return dev
-
-
-def default_dtype(device: torch.device, model: Any = None) -> torch.dtype:
-    """``--dtype auto`` on ``device`` for ``model``: ``precision.decide`` (measured on CPU)."""
-    return precision.decide(device, model).torch_dtype
 
 
 # ----- loading -------------------------------------------------------------------------------------
