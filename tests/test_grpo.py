@@ -467,6 +467,8 @@ def test_a_run_with_val_size_trains_on_the_rest(tmp_path, tiny_model_dir, monkey
     validation = {e.id for e in WithValidation(llm_envs.make(LETTER, train_size=12), 4).examples("validation")}
     assert drawn and not set(drawn) & validation and len(set(drawn)) == 8
     assert [r["eval_n"] for r in log_of(out) if "eval_n" in r] == [4, 4]
+    [runtime] = [json.loads(line) for line in (out / "runtime.jsonl").read_text().splitlines()]
+    assert runtime["splits"] == {"train": {"examples": 8, "prompts": 8}, "validation": {"examples": 4, "prompts": 4}}
     with pytest.raises(SystemExit):
         grpo.main(grpo_args(tiny_model_dir, tmp_path / "other", "--eval-split", "validation"))
 

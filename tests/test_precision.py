@@ -168,6 +168,7 @@ def test_a_run_records_the_measured_decision_and_a_plain_resume_keeps_its_dtype(
     assert (record["dtype"], record["weights"]) == ("bfloat16", "bfloat16")
     assert record["precision"]["how"] == "measured" and record["precision"]["probe"]["ms"]["training"]["bf16"] == 5.0
     assert "dtype: bf16" in (out / "config.yaml").read_text()  # what ran, not "auto"
+    assert record["splits"] == {"train": {"examples": 2, "prompts": 2}, "test": {"examples": 8, "prompts": 8}}
     calls = measuring(5.0, 10.0)  # the probe would now pick fp32: a resumed run keeps bf16 anyway
     es.main(["--resume", str(out), "--iterations", "3"])
     first, resumed = runtime_of(out)

@@ -79,14 +79,16 @@ class RunDir:
             atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
     def note_runtime(self, model, iteration: int, engine: str | None = None, compute=None,
-                     precision: dict[str, Any] | None = None, engine_why: str | None = None) -> None:
+                     precision: dict[str, Any] | None = None, engine_why: str | None = None,
+                     splits: dict[str, dict[str, int]] | None = None) -> None:
         """Record what this start (or resume, after ``iteration``) computes with: the device type, the
         compute dtype (``compute``, default the weights'), the weights' dtype, how the dtype was
         decided (``precision``: ``precision.Decision.record()``, the probe's numbers included), the
         generation engine and why it was chosen (``engine_why``: ``--engine auto``'s reason, from
         ``trainers.engines.choice``, or "asked for") and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
         study refuses to mix devices or dtypes in one table; ``python -m eval`` on the run generates
-        with the same engine)."""
+        with the same engine), and ``splits``: each split's examples and distinct prompts
+        (``splits.run_split_counts``)."""
         if self.is_main:
             from trainers.common.hardware import describe
 
@@ -97,6 +99,7 @@ class RunDir:
                                                     **({"engine": engine} if engine else {}),
                                                     **({"engine_why": engine_why} if engine_why else {}),
                                                     **({"precision": precision} if precision else {}),
+                                                    **({"splits": splits} if splits else {}),
                                                     "machine": describe(p.device)})
 
     # ----- checkpoints -----------------------------------------------------------------------

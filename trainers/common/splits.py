@@ -64,6 +64,11 @@ def split_counts(examples: Sequence[Example]) -> dict[str, int]:
     return {"examples": len(examples), "prompts": len({prompt_text(e) for e in examples})}
 
 
+def run_split_counts(env, eval_split: str) -> dict[str, dict[str, int]]:
+    """``split_counts`` of the splits a run trains and selects on: train and ``eval_split``."""
+    return {name: split_counts(env.examples(name)) for name in dict.fromkeys(("train", eval_split))}
+
+
 class WithValidation:
     """``env`` with ``size`` of its training examples moved into a ``validation`` split (disjoint
     from the ``train`` split it now shows). Everything else (scoring, ``max_new_tokens``, other
