@@ -343,7 +343,7 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
         raise ConfigError(f"--env: {exc}") from None
     env_args = env_kwargs(cfg.env_args)
     splits = _splits(cfg, env_id)
-    env = make_env(env_id, env_args, **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
+    env = make_env(env_id, env_args, splits=tuple(splits), **({"data": {splits[0]: cfg.data}} if cfg.data else {}))
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
     scorer = llm_envs.BatchScorer(env, cfg.score_workers)
     cache = Cache(None if cfg.cache in (None, "off") else cfg.cache, enabled=cfg.cache != "off")

@@ -361,6 +361,10 @@ def test_run_dir_with_samples_pass_at_k_and_kl(tiny_model, tiny_tokenizer, tiny_
     (["--data", "/nonexistent.jsonl"], "--data: no such file"),
     (["--model", "/nonexistent/model"], "no such model or run directory"),
     (["--env-args", "[1]"], "--env-args: must be a JSON object"),
+    (["--split", "nope"], "--split: unknown split 'nope'"),
+    # options the env checks only when it builds a split (here: too few distinct puzzles for its test split)
+    (["--env", "Countdown-v0", "--env-args", '{"min_numbers": 2, "max_numbers": 2, "max_number": 3, "max_target": 10}'],
+     "could not generate"),
 ])
 def test_cli_errors_are_one_clear_line(argv, message, tiny_model_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:

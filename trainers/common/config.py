@@ -188,11 +188,14 @@ def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, splits: 
     try:
         env = llm_envs.make(env_id, **options, **extra)
         for split in splits:
-            env.examples(split)
+            try:
+                env.examples(split)
+            except KeyError as exc:  # a split the env does not have
+                raise ConfigError(f"--split: {exc.args[0]}") from None
         return env
     except llm_envs.UnknownEnvError as exc:
         raise ConfigError(f"--env: {exc}") from None
-    except llm_envs.DataError:
+    except (llm_envs.DataError, ConfigError):
         raise
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"--env-args {json.dumps(options)}: {exc}") from None
