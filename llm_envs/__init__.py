@@ -16,7 +16,7 @@ from llm_envs.types import Example, Score
 
 # Each module registers its environment at import.
 from llm_envs.envs import arc_agi, conciseness, countdown, math_reasoning, rg, sudoku  # noqa: E402,F401
-from llm_envs.envs import countdown_calc, guess_number, sudoku_feedback  # noqa: E402,F401  (multi-turn)
+from llm_envs.envs import countdown_calc, guess_number, retry, sudoku_feedback  # noqa: E402,F401  (multi-turn)
 from llm_envs.envs.rg import RG_ENV_IDS  # noqa: E402
 
 __all__ = [

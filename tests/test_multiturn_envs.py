@@ -1,5 +1,5 @@
-"""The built-in multi-turn environments: Countdown-calc-v0, Sudoku-feedback-v0 (GuessNumber-v0 is
-in test_multiturn.py): Gymnasium's checker, golden episodes, bad input."""
+"""The built-in multi-turn environments: Countdown-calc-v0, Sudoku-feedback-v0, Retry-v0 (GuessNumber-v0
+is in test_multiturn.py): Gymnasium's checker, golden episodes, bad input."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ def calc_call(expression: str) -> str:
     return '<tool_call>{"name": "calculator", "arguments": {"expression": "%s"}}</tool_call>' % expression
 
 
-@pytest.mark.parametrize("env_id", ["Countdown-calc-v0", "Sudoku-feedback-v0", "GuessNumber-v0"])
+@pytest.mark.parametrize("env_id", ["Countdown-calc-v0", "Sudoku-feedback-v0", "GuessNumber-v0", "Retry-v0"])
 def test_check_env(env_id):
     env = gym.make(env_id).unwrapped
     check_env(env, skip_render_check=True)
@@ -136,4 +136,66 @@ def test_each_env_runs_under_es_grpo_and_eval(env_id, tiny_model_dir, tmp_path):
         assert [r["iteration"] for r in log if "eval_pass@1" in r] == [0, 1]
     [summary] = eval_cli.main(["--env", env_id, "--model", str(tiny_model_dir), "--limit", "2", "--max-new-tokens", "6",
                                "--env-args", '{"train_size": 4, "test_size": 2}', "--out", str(tmp_path / "eval")])
+    assert summary["n"] == 2 and summary["turns_mean"] >= 1
+
+
+def test_retry_golden_episode_scores_each_attempt_as_the_wrapped_env():
+    env = llm_envs.make("Retry-v0", env="Countdown-v0", env_args={"train_size": 4, "test_size": 2}, attempts=3)
+    plain = llm_envs.make("Countdown-v0", train_size=4, test_size=2)
+    assert env.examples("test") == plain.examples("test") and env.max_new_tokens == plain.max_new_tokens
+    obs, _ = env.reset(options={"split": "test", "index": 0})
+    example = plain.examples("test")[0]
+    assert obs == list(example.prompt)
+    wrong = "</think>\n<answer>1 + 1</answer>"
+    messages, reward, term, trunc, info = env.step(wrong)
+    assert messages == [{"role": "user", "content": "That is not correct. Try again."}] and reward == 0.0
+    assert not term and not trunc and info["parts"] == {"attempts": 1.0}
+    messages, reward, term, trunc, info = env.step(wrong)  # the second attempt: still wrong, one more to come
+    assert not term and reward == 0.0
+    messages, reward, term, trunc, info = env.step(wrong)  # the last attempt gets the wrapped env's reward
+    assert term and not trunc and messages == [] and not info["correct"]
+    assert reward == plain.score_completion(wrong, example).reward  # a later turn: no opening in front
+    assert info["return"] == reward and info["parts"]["attempts"] == 3.0
+
+
+def test_retry_ends_at_a_correct_attempt():
+    env = llm_envs.make("Retry-v0", env="Conciseness-v0", attempts=4)
+    env.reset(options={"split": "test", "index": 0})
+    answer = env._current.answer
+    assert env.step("no")[1] == 0.0
+    _, reward, term, _, info = env.step(answer)
+    assert term and info["correct"] and info["turn"] == 2
+    assert reward == llm_envs.make("Conciseness-v0").score_completion(answer, env._current).reward
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"attempts": 0}, "attempts must be an int >= 1"),
+    ({"env": "GuessNumber-v0"}, "already multi-turn"),
+    ({"env": "Nope-v0"}, "env: unknown env id 'Nope-v0'"),
+    ({"env_args": [1]}, "env_args must be a JSON object"),
+    ({"feedback": " "}, "feedback must be a non-empty string"),
+])
+def test_retry_bad_options_are_clear(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        llm_envs.make("Retry-v0", **kwargs)
+
+
+def test_retry_runs_under_es_grpo_and_eval(tiny_model_dir, tmp_path):
+    import json
+
+    import eval.__main__ as eval_cli
+    from trainers import es, grpo
+
+    args = '{"env": "Countdown-v0", "attempts": 2, "env_args": {"train_size": 4, "test_size": 2}}'
+    common = ["--env", "Retry-v0", "--model", str(tiny_model_dir), "--max-new-tokens", "6", "--eval-limit", "2",
+              "--env-args", args, "--seed", "0"]
+    es.main([*common, "--out", str(tmp_path / "es"), "--iterations", "1", "--population", "2", "--batch-size", "2",
+             "--noise", "lowrank"])
+    grpo.main([*common, "--out", str(tmp_path / "grpo"), "--steps", "1", "--batch-size", "2", "--group-size", "2",
+               "--loss", "dr_grpo"])
+    for run in ("es", "grpo"):
+        log = [json.loads(line) for line in (tmp_path / run / "log.jsonl").read_text().splitlines()]
+        assert [r["iteration"] for r in log if "eval_pass@1" in r] == [0, 1]
+    [summary] = eval_cli.main(["--env", "Retry-v0", "--model", str(tiny_model_dir), "--limit", "2",
+                               "--max-new-tokens", "6", "--env-args", args, "--out", str(tmp_path / "eval")])
     assert summary["n"] == 2 and summary["turns_mean"] >= 1
