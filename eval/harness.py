@@ -44,6 +44,8 @@ from trainers.engines.choice import choose_engine
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
 
+DEFAULT_ENV = "Countdown-v0"  # --env for a model that is not a trainer run
+
 #: Decoding presets: the paper's conciseness protocol (20 samples per prompt, KL to the base).
 PRESETS: dict[str, dict[str, Any]] = {"conciseness": {"samples": 20, "temperature": 1.0, "kl_to": "base"}}
 
@@ -55,7 +57,9 @@ class EvalConfig(EngineOptions):
                 f"runtime.jsonl), so its logged held-out numbers are reproduced; auto for any other model (native "
                 f"for a Llama/Qwen2 model on CPU or CUDA, hf otherwise)",
         "choices": [AUTO, *ENGINES]})
-    env: str = field(default="Countdown-v0", metadata={"help": "environment id ('my_module:My-v0' imports my_module)"})
+    env: str | None = field(default=None, metadata={"help": "environment id ('my_module:My-v0' imports my_module); "
+                                                          "default: a trainer run's env, with its --env-args; "
+                                                          f"{DEFAULT_ENV} for any other model"})
     model: str = field(default="smollm2-135m", metadata={"help": "HF id, local model dir, smollm2-135m, or a trainer run dir (its final/ model)"})
     split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
     data: str | None = field(default=None, metadata={"help": "a data file for the evaluated split (replaces the built-in one)"})
@@ -99,6 +103,9 @@ class EvalConfig(EngineOptions):
         check(self.batch_size >= 1, "batch_size", "must be >= 1")
         check(self.max_new_tokens is None or self.max_new_tokens >= 1, "max_new_tokens", "must be >= 1")
         check(self.limit is None or self.limit >= 1, "limit", "must be >= 1")
+        if self.env is None:  # a run is measured on what it trained on, as its held-out numbers were
+            self.env, trained_args = run_env(self.model) or (DEFAULT_ENV, None)
+            self.env_args = self.env_args if self.env_args is not None else trained_args
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         if self.engine is None:
             self.engine = run_engine(self.model) or AUTO
@@ -123,6 +130,19 @@ def run_dtype(model: str) -> str | None:
         return None
     recorded = recorded_dtype(spec.run) if spec.run else None
     return dtype_name(parse_dtype(recorded)) if recorded else None
+
+
+def run_env(model: str) -> tuple[str, str | None] | None:
+    """The env and ``--env-args`` (a JSON string) a trainer run (``--model`` naming a run, its final/ or a
+    checkpoint) trained on, from its config.yaml, else None."""
+    try:
+        spec = describe_model(model)
+    except (FileNotFoundError, OSError, ValueError):
+        return None
+    if not spec.run or not spec.config.get("env"):
+        return None
+    args = spec.config.get("env_args")
+    return str(spec.config["env"]), json.dumps(args) if isinstance(args, dict) else args
 
 
 def run_engine(model: str) -> str | None:

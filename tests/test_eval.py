@@ -426,3 +426,21 @@ def test_the_kl_cache_key_holds_what_changes_the_kl(tmp_path):
     cfg = lambda batch: SimpleNamespace(temperature=1.0, batch_size=batch, samples=1)  # noqa: E731
     assert measure_kl(same, same, [], entry, "gen", cfg(8), cache) == [9.0]
     assert measure_kl(same, same, [], entry, "gen", cfg(4), cache) == [0.0]
+
+
+def test_a_run_is_measured_on_the_env_it_trained_on(tiny_model, tiny_tokenizer, tiny_model_dir, tmp_path):
+    """Without --env, a trainer run is evaluated on its own env and --env-args (config.yaml), not the default."""
+    from trainers.common.models import save_model
+
+    run = tmp_path / "grpo-letter"
+    save_model(tiny_model, tiny_tokenizer, run / "final")
+    (run / "config.yaml").write_text(yaml.safe_dump({"env": "Conciseness-v0", "env_args": '{"seed": 3}',
+                                                     "model": str(tiny_model_dir), "algorithm": "grpo", "seed": 0}))
+    args = ["--model", str(run), "--max-new-tokens", "4", "--score-workers", "0", "--limit", "2", "--cache", "off"]
+    [trained] = cli.main(args)
+    assert (trained["env"], trained["env_args"]) == ("Conciseness-v0", {"seed": 3})
+    [other] = cli.main([*args, "--env", "Conciseness-v0", "--out", str(tmp_path / "other")])
+    assert other["env_args"] == {}  # --env given: its own --env-args (none), not the run's
+    [plain] = cli.main(["--model", str(tiny_model_dir), "--max-new-tokens", "4", "--limit", "1", "--cache", "off",
+                        "--out", str(tmp_path / "plain")])
+    assert plain["env"] == "Countdown-v0"  # not a run: the default env
