@@ -191,14 +191,25 @@ def split_table(records: list[dict[str, Any]]) -> list[Table]:
     return tables
 
 
+def _solved_at_turn(records: list[dict[str, Any]]) -> str:
+    """"64.0 / 0.0": the % of episodes solved at each turn, a mean over ``records``."""
+    if not all("solved_at_turn" in r for r in records):
+        return "–"
+    turns = max(int(t) for r in records for t in r["solved_at_turn"])
+    return " / ".join(f"{100 * _mean([r['solved_at_turn'].get(str(t), 0.0) for r in records]):.1f}"
+                      for t in range(1, turns + 1))
+
+
 def episode_table(records: list[dict[str, Any]]) -> list[Table]:
     """Per multi-turn environment and split (records with ``turns_mean``): rows model + method (+
     checkpoint); pass@1 (%), the largest pass@k measured (%), mean return, turns, tool calls and tool
-    errors per episode, each a mean over the records (seeds) of a row."""
+    errors per episode, and the % of episodes solved at turn 1, 2, ... (records before it: "–"), each
+    a mean over the records (seeds) of a row."""
     tables = []
     for (env, split), group in group_by([r for r in records if "turns_mean" in r], ("env", "split")).items():
         table = Table(f"{env} ({split}): multi-turn episodes", ["Model", "pass@1 (%)", "pass@k (%)", "Return",
-                                                                "Turns", "Tool calls", "Tool errors"])
+                                                                "Turns", "Tool calls", "Tool errors",
+                                                                "Solved at turn 1 / 2 / ... (%)"])
         rows: dict[str, list[dict[str, Any]]] = {}
         for r in group:
             label = f"{model_name(str(r.get('base_model')))} {r['method']}"
@@ -211,7 +222,8 @@ def episode_table(records: list[dict[str, Any]]) -> list[Table]:
             table.rows.append([label, f"{_mean([100 * r['pass@1'] for r in rs]):.1f}", f"{_mean(passk):.1f} (k={k})",
                                f"{_mean([r['reward_mean'] for r in rs]):.3f}",
                                *(f"{_mean([r[key] for r in rs]):.2f}"
-                                 for key in ("turns_mean", "tool_calls_mean", "tool_errors_mean"))])
+                                 for key in ("turns_mean", "tool_calls_mean", "tool_errors_mean")),
+                               _solved_at_turn(rs)])
         tables.append(table)
     return tables
 

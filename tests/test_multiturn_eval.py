@@ -23,6 +23,7 @@ def test_eval_measures_episodes(tiny_model_dir, tiny_tokenizer, tmp_path, monkey
     [summary] = cli.main(args)
     assert summary["pass@1"] == 0.5 and abs(summary["reward_mean"] - (1.1 + 0.1) / 2) < 1e-9
     assert (summary["turns_mean"], summary["tool_calls_mean"], summary["tool_errors_mean"]) == (3, 2, 1)
+    assert summary["solved_at_turn"] == {"1": 0.0, "2": 0.0, "3": 0.5}  # two tool turns, then the answer
     assert "turns 3.00  tool calls 2.00  tool errors 1.00" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(next(tmp_path.glob("*.jsonl")))]
     assert [m["role"] for m in rows[0]["messages"]][-5:] == ["assistant", "tool", "assistant", "tool", "assistant"]
@@ -30,5 +31,8 @@ def test_eval_measures_episodes(tiny_model_dir, tiny_tokenizer, tmp_path, monkey
     [second] = cli.main(args)  # episodes are regenerated, never read from the generation cache
     assert not second["cached"] and [len(e.calls) for e in engines] == [3, 3]
     [t] = table.build([summary], "episodes")
-    assert t.header[1:] == ["pass@1 (%)", "pass@k (%)", "Return", "Turns", "Tool calls", "Tool errors"]
-    assert t.rows[0][1:] == ["50.0", "50.0 (k=1)", "0.600", "3.00", "2.00", "1.00"]
+    assert t.header[1:] == ["pass@1 (%)", "pass@k (%)", "Return", "Turns", "Tool calls", "Tool errors",
+                            "Solved at turn 1 / 2 / ... (%)"]
+    assert t.rows[0][1:] == ["50.0", "50.0 (k=1)", "0.600", "3.00", "2.00", "1.00", "0.0 / 0.0 / 50.0"]
+    older = {k: v for k, v in summary.items() if k != "solved_at_turn"}  # a summary written before the column
+    assert table.build([older], "episodes")[0].rows[0][-1] == "–"

@@ -213,12 +213,16 @@ def episode_row(ep: Episode) -> dict[str, Any]:
 
 
 def episode_summary(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
-    """Means per episode of turns, tool calls and tool errors, and the fraction truncated, over
-    rows that hold them (``episode_row``); ``{}`` for single-turn rows. Pass@k and the mean return
-    are the harness's own pass@k and reward mean (an episode's reward is its return)."""
+    """Means per episode of turns, tool calls and tool errors, the fraction truncated, and the
+    fraction of episodes solved at each turn (``solved_at_turn``, turn -> fraction: whether the env's
+    answers help), over rows that hold them (``episode_row``); ``{}`` for single-turn rows. Pass@k
+    and the mean return are the harness's own pass@k and reward mean (an episode's reward is its
+    return)."""
     if not rows or "turns" not in rows[0]:
         return {}
     n = len(rows)
+    solved = [r["turns"] for r in rows if r.get("correct")]
     return {"turns_mean": sum(r["turns"] for r in rows) / n, "tool_calls_mean": sum(r["tool_calls"] for r in rows) / n,
             "tool_errors_mean": sum(r["tool_errors"] for r in rows) / n,
-            "truncated_rate": sum(r["truncated"] for r in rows) / n}
+            "truncated_rate": sum(r["truncated"] for r in rows) / n,
+            "solved_at_turn": {str(t): solved.count(t) / n for t in range(1, max(r["turns"] for r in rows) + 1)}}
