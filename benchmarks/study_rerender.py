@@ -16,14 +16,31 @@ from benchmarks.study_report import write_report
 from trainers.common.config import ConfigError, Parser, fail
 
 
+#: Config fields of older studies, renamed since: old name -> (new name, how the value converts).
+RENAMED = {"alpha_ratio": ("alpha_ratios", lambda v: f"{v:g}" if isinstance(v, (int, float)) else str(v))}
+
+
+def saved_config(config: dict) -> StudyConfig:
+    """The ``StudyConfig`` a results.json recorded, its renamed fields read under their new names."""
+    config = dict(config)
+    for old, (new, convert) in RENAMED.items():
+        if old in config and new not in config:
+            config[new] = convert(config.pop(old))
+    return StudyConfig(**config)
+
+
 def rerender(out: Path) -> None:
     """Write the report of the study in ``out`` again from ``out/results.json``."""
     results = json.loads((out / "results.json").read_text())
-    cfg = StudyConfig(**results["config"])
+    cfg = saved_config(results["config"])
     cfg.validate()
     records = results["runs"]
     write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"))
+    # results.json keeps the config the study ran with, not today's fields and their defaults
+    written = json.loads((out / "results.json").read_text())
+    written["config"] = results["config"]
+    (out / "results.json").write_text(json.dumps(written, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:

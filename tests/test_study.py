@@ -4,6 +4,7 @@ tiny model and a toy env, its outputs, its resume after a kill, and its one-line
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -397,3 +398,19 @@ def test_round_two_presets_give_grids_the_verdict_rules_compare(name, tmp_path):
     for method in cfg.method_list:
         assert step_grid(grids, method) == (2, pytest.approx(6.0), True), method
     assert min(cfg.grid("sigmas")) >= 1e-3 and cfg.seeds == 4 and set(cfg.method_list) == set(study.DEFAULT_METHODS)
+
+
+@pytest.mark.parametrize("name", ["study-countdown", "study-conciseness"])
+def test_an_older_study_re_renders_to_its_committed_files(name, tmp_path):
+    """docs/study-countdown and docs/study-conciseness predate the alpha grid (``alpha_ratio``, one
+    value): they re-render from their results.json to the same tables and the same config record."""
+    import shutil
+
+    committed = Path(__file__).resolve().parents[1] / "docs" / name
+    out = tmp_path / name
+    shutil.copytree(committed, out)
+    study_rerender.main([str(out)])
+    for table in ("table1.md", "table2.md", "runs.md", "seed_variance.md"):
+        assert (out / table).read_text() == (committed / table).read_text(), table
+    before, after = (json.loads((d / "results.json").read_text()) for d in (committed, out))
+    assert after["config"] == before["config"] and "alpha_ratio" in after["config"]
