@@ -140,9 +140,10 @@ def split_line(splits: dict[str, dict[str, int]] | None) -> str:
 
 
 def write_report(cfg, out: Path, records, base, chosen, selected_on: str, seconds: float,
-                 splits: dict[str, dict[str, int]] | None = None) -> None:
+                 splits: dict[str, dict[str, int]] | None = None, config_record: dict | None = None) -> None:
     """Every output file of a finished study under ``out`` (``splits``: each split's examples and
-    distinct prompts, ``study_plan.split_plan``)."""
+    distinct prompts, ``study_plan.split_plan``; ``config_record``: the config results.json records,
+    default ``cfg``'s fields; a re-rendered study keeps the one it ran with)."""
     methods = summarize_methods(cfg, records, chosen)
     greedy_base = base["greedy"]
     n, mnt, env = greedy_base["n"], greedy_base["max_new_tokens"], greedy_base["env"]
@@ -209,7 +210,7 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
                                                                     r["validation"]["curve_reward"]) for r in sel]
     plot_seed_bands(bands, out / "curves.png", f"{env}: training reward (mean ± std over {cfg.seeds} seeds)")
 
-    results = {"config": asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
+    results = {"config": config_record or asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
                "wall_seconds_runs": run_seconds, "base": base,
                "selection": chosen, "methods": methods, "runs": records, **({"splits": splits} if splits else {})}
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

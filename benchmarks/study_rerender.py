@@ -36,11 +36,8 @@ def rerender(out: Path) -> None:
     cfg.validate()
     records = results["runs"]
     write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
-                 results["wall_seconds_last_invocation"], results.get("splits"))
-    # results.json keeps the config the study ran with, not today's fields and their defaults
-    written = json.loads((out / "results.json").read_text())
-    written["config"] = results["config"]
-    (out / "results.json").write_text(json.dumps(written, indent=1) + "\n")
+                 results["wall_seconds_last_invocation"], results.get("splits"),
+                 config_record=results["config"])  # what the study ran with, not today's fields and defaults
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -121,37 +121,35 @@ class EvalConfig(EngineOptions):
         return tag + ("-kl" if self.kl_to else "") + (f"-n{self.limit}" if self.limit else "")
 
 
-def run_dtype(model: str) -> str | None:
-    """The compute dtype a trainer run (``--model`` naming a run, its final/ or a checkpoint) recorded
-    at its first start, as a ``--dtype`` value, else None."""
+def trainer_run(model: str) -> ModelSpec | None:
+    """What ``--model`` names when it is a trainer run (the run, its final/ or a checkpoint), else None."""
     try:
         spec = describe_model(model)
     except (FileNotFoundError, OSError, ValueError):
         return None
-    recorded = recorded_dtype(spec.run) if spec.run else None
+    return spec if spec.run else None
+
+
+def run_dtype(model: str) -> str | None:
+    """The compute dtype a trainer run recorded at its first start, as a ``--dtype`` value, else None."""
+    spec = trainer_run(model)
+    recorded = recorded_dtype(spec.run) if spec else None
     return dtype_name(parse_dtype(recorded)) if recorded else None
 
 
 def run_env(model: str) -> tuple[str, str | None] | None:
-    """The env and ``--env-args`` (a JSON string) a trainer run (``--model`` naming a run, its final/ or a
-    checkpoint) trained on, from its config.yaml, else None."""
-    try:
-        spec = describe_model(model)
-    except (FileNotFoundError, OSError, ValueError):
-        return None
-    if not spec.run or not spec.config.get("env"):
+    """The env and ``--env-args`` (a JSON string) a trainer run trained on (its config.yaml), else None."""
+    spec = trainer_run(model)
+    if not spec or not spec.config.get("env"):
         return None
     args = spec.config.get("env_args")
     return str(spec.config["env"]), json.dumps(args) if isinstance(args, dict) else args
 
 
 def run_engine(model: str) -> str | None:
-    """The engine a trainer run (``--model`` naming a run, its final/ or a checkpoint) recorded, else None."""
-    try:
-        spec = describe_model(model)
-    except (FileNotFoundError, OSError, ValueError):
-        return None
-    return recorded_engine(spec.run) if spec.run else None
+    """The engine a trainer run recorded, else None."""
+    spec = trainer_run(model)
+    return recorded_engine(spec.run) if spec else None
 
 
 class LazyModel:
