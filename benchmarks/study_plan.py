@@ -11,7 +11,7 @@ from typing import Any
 
 from benchmarks.study_config import INVOCATION, LABELS, StudyConfig
 from trainers.common.config import ConfigError
-from trainers.common.splits import MIN_VALIDATION, VALIDATION, WithValidation, split_counts
+from trainers.common.splits import MIN_VALIDATION, VALIDATION, WithValidation, measured_split_counts
 from trainers.engines import ENGINE_FIELDS
 
 @dataclass
@@ -101,10 +101,7 @@ def split_plan(cfg: StudyConfig, env, selected_on: str, validation: list[str]) -
     than ``--min-val-prompts`` distinct prompts is refused."""
     if "--val-size" in validation:
         env = WithValidation(env, int(validation[validation.index("--val-size") + 1]))
-    limit = cfg.eval_limit
-    counts = {"train": split_counts(env.examples("train"))}
-    for split in dict.fromkeys([selected_on, cfg.eval_split]):
-        counts[split] = split_counts(list(env.examples(split))[:limit] if split != "train" else env.examples(split))
+    counts = measured_split_counts(env, ("train", selected_on, cfg.eval_split), cfg.eval_limit)
     if selected_on == VALIDATION and counts[VALIDATION]["prompts"] < cfg.min_val_prompts:
         c = counts[VALIDATION]
         raise ConfigError(f"--min-val-prompts {cfg.min_val_prompts}: the validation split holds {c['prompts']} distinct "

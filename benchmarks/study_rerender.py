@@ -16,16 +16,12 @@ from benchmarks.study_report import write_report
 from trainers.common.config import ConfigError, Parser, fail
 
 
-#: Config fields of older studies, renamed since: old name -> (new name, how the value converts).
-RENAMED = {"alpha_ratio": ("alpha_ratios", lambda v: f"{v:g}" if isinstance(v, (int, float)) else str(v))}
-
-
 def saved_config(config: dict) -> StudyConfig:
-    """The ``StudyConfig`` a results.json recorded, its renamed fields read under their new names."""
+    """The ``StudyConfig`` a results.json recorded; an older study's one ES ratio (``alpha_ratio``)
+    is read as the grid that replaced it (``alpha_ratios``)."""
     config = dict(config)
-    for old, (new, convert) in RENAMED.items():
-        if old in config and new not in config:
-            config[new] = convert(config.pop(old))
+    if "alpha_ratio" in config:
+        config["alpha_ratios"] = f"{config.pop('alpha_ratio'):g}"
     return StudyConfig(**config)
 
 

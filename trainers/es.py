@@ -56,7 +56,7 @@ from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.update_log import UpdateLog, check_noise_device
-from trainers.common.splits import run_split_counts, training_env
+from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import EngineOptions, make_engine
 from trainers.engines.bars import bar
 from trainers.engines.base import Engine
@@ -403,7 +403,7 @@ def train(cfg: ESConfig) -> Path:
     options, engine_why = engine_for(cfg, model)
     engine = make_engine(options, model, tokenizer)  # after the replay: from the current weights
     run.note_runtime(model, done, engine.name, precision=decision.record(), engine_why=engine_why,
-                     splits=run_split_counts(env, cfg.eval_split))
+                     splits=measured_split_counts(env, ("train", cfg.eval_split), cfg.eval_limit))
     if cfg.resume and dist.is_main:
         say(log.resumed())
     budget = log.budget(cfg.max_samples)

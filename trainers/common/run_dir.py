@@ -88,7 +88,7 @@ class RunDir:
         ``trainers.engines.choice``, or "asked for") and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
         study refuses to mix devices or dtypes in one table; ``python -m eval`` on the run generates
         with the same engine), and ``splits``: each split's examples and distinct prompts
-        (``splits.run_split_counts``)."""
+        (``splits.measured_split_counts``)."""
         if self.is_main:
             from trainers.common.hardware import describe
 

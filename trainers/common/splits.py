@@ -64,9 +64,11 @@ def split_counts(examples: Sequence[Example]) -> dict[str, int]:
     return {"examples": len(examples), "prompts": len({prompt_text(e) for e in examples})}
 
 
-def run_split_counts(env, eval_split: str) -> dict[str, dict[str, int]]:
-    """``split_counts`` of the splits a run trains and selects on: train and ``eval_split``."""
-    return {name: split_counts(env.examples(name)) for name in dict.fromkeys(("train", eval_split))}
+def measured_split_counts(env, splits: Sequence[str], limit: int | None = None) -> dict[str, dict[str, int]]:
+    """``split_counts`` of ``splits`` as a run uses them: train whole (it trains on all of it), any
+    other split's first ``limit`` examples (what ``--eval-limit`` measures)."""
+    return {name: split_counts(env.examples(name) if name == "train" else list(env.examples(name))[:limit])
+            for name in dict.fromkeys(splits)}
 
 
 class WithValidation:

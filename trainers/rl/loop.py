@@ -28,7 +28,7 @@ from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, evaluate
 from trainers.common.run_dir import RunDir, summarize
-from trainers.common.splits import run_split_counts, training_env
+from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.engines.bars import bar
 from trainers.engines.choice import resolve_engine
@@ -162,7 +162,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     algo = algorithm(cfg, model, tokenizer, ref, ranks)
     ranks.shard(*algo.modules.values())  # PPO's critic
     run.note_runtime(model, done, engine.name, dtype, precision=decision.record(), engine_why=engine_why,
-                     splits=run_split_counts(env, cfg.eval_split))
+                     splits=measured_split_counts(env, ("train", cfg.eval_split), cfg.eval_limit))
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
     # The prepared batch the optimizer steps are on, and how many steps have used it (epochs > 1
