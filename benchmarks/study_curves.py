@@ -94,11 +94,12 @@ def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cach
         continue_to(cfg, run, budget, prompts, validation)
         point = {"method": run.method, "label": run.label, "setting": run.setting, "seed": run.seed,
                  "budget": budget, "validation": validation_result(run)}
-        measuring = time.perf_counter()
+        measuring, measuring_cpu = time.perf_counter(), time.process_time()
         measured = {name: measure(cfg, str(run.path), run.label, run.path / "eval" / f"b{budget}" / name, options,
                                   cache) for name, options in evaluations(cfg)}
         point.update({name: brief(summary) for name, summary in measured.items()})
         point["measure_seconds"] = time.perf_counter() - measuring
+        point["measure_cpu_seconds"] = time.process_time() - measuring_cpu
         point["wall_seconds"] = time.perf_counter() - start  # this invocation's share of the segment
         completions = keep_completions(run.path / f"completions-{budget}.jsonl.gz", measured)
         points.append(point)
@@ -133,12 +134,23 @@ def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], ou
     return Study(out, {"base": base, "methods": methods, "runs": runs})
 
 
-def cumulative(points: list[dict[str, Any]], method: str, budget: int) -> float:
+def cumulative(points: list[dict[str, Any]], method: str, budget: int, cpu: bool = False) -> float | None:
     """Seconds of ``method``'s curve runs (all seeds) up to ``budget``: the training seconds their logs
-    hold by then (every invocation's, a killed one's included) and the test measurements so far."""
+    hold by then (every invocation's, a killed one's included) and the test measurements so far.
+    ``cpu``: process CPU seconds instead of wall seconds (None where a point predates them)."""
     at = [p for p in points if p["method"] == method and p["budget"] <= budget]
-    trained = sum(p["validation"]["seconds"] for p in at if p["budget"] == budget)
-    return trained + sum(p.get("measure_seconds", 0.0) for p in at)
+    if not cpu:
+        trained = sum(p["validation"]["seconds"] for p in at if p["budget"] == budget)
+        return trained + sum(p.get("measure_seconds", 0.0) for p in at)
+    trained = [p["validation"].get("cpu_seconds") for p in at if p["budget"] == budget]
+    measured = [p.get("measure_cpu_seconds") for p in at]
+    if None in trained or None in measured:
+        return None
+    return sum(trained) + sum(measured)
+
+
+def cpu_cell(total: float | None, runs: int) -> str:
+    return "–" if total is None else f"{total / runs:.0f}"
 
 
 def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any]) -> None:
@@ -147,7 +159,7 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
     table = Table(f"Learning curves: {base['greedy']['env']} ({cfg.eval_split}), each method's selected setting, "
                   f"mean ± sample std over seeds",
                   ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
-                   "test reward", "s per run to here"], text_columns=2)
+                   "test reward", "s per run to here", "CPU s per run to here"], text_columns=2)
     for method in cfg.method_list:
         for budget in budgets(cfg):
             at = [p for p in points if p["method"] == method and p["budget"] == budget]
@@ -157,7 +169,8 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                                pm([p["validation"][cfg.metric] for p in at], 3),
                                pm([100 * p["greedy"]["pass@1"] for p in at]),
                                pm([p["greedy"]["reward_mean"] for p in at], 3),
-                               f"{cumulative(points, method, budget) / len(at):.0f}"])
+                               f"{cumulative(points, method, budget) / len(at):.0f}",
+                               cpu_cell(cumulative(points, method, budget, cpu=True), len(at))])
     verdicts = []
     for budget in budgets(cfg):
         verdict, numbers = claim_budget(study_at(budget, points, base, out))
@@ -165,7 +178,9 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
     table.notes = [f"Base model: test pass@1 {100 * base['greedy']['pass@1']:.1f} %, reward "
                    f"{base['greedy']['reward_mean']:.3f}. Seconds per run to here: the training seconds the run's log "
                    f"holds at this budget and its test measurements so far, mean over seeds (the first segment "
-                   f"retrains what the grid's run trained): what each method's curve costs.", *verdicts]
+                   f"retrains what the grid's run trained): what each method's curve costs. CPU s: the same, in "
+                   f"process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another job sharing "
+                   f"the CPU barely changes, unlike wall seconds.", *verdicts]
     (out / "learning_curve.md").write_text(render([table]))
     plot_curves(cfg, points, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts},

@@ -42,7 +42,16 @@ def validation_result(run: Run) -> dict[str, Any]:
                           f"{train[-1]['iteration'] if train else 0}); resume the run to measure it")
     return {"eval_pass@1": last.get("eval_pass@1"), "eval_reward": last.get("eval_reward"),
             "curve_samples": [r["samples"] for r in train], "curve_reward": [r["reward_mean"] for r in train],
-            "samples": train[-1]["samples"] if train else 0, "seconds": sum(r.get("seconds", 0.0) for r in train)}
+            "samples": train[-1]["samples"] if train else 0, "seconds": sum(r.get("seconds", 0.0) for r in train),
+            "cpu_seconds": cpu_seconds(train)}
+
+
+def cpu_seconds(log: list[dict[str, Any]]) -> float | None:
+    """The process CPU seconds (all its threads) of a run's logged iterations; None for a log from before
+    they were recorded. Unlike wall seconds, another job sharing the CPU barely changes it."""
+    if not log or any("cpu_seconds" not in r for r in log):
+        return None
+    return sum(r["cpu_seconds"] for r in log)
 
 
 def training_runtime(run: Run) -> list[str]:

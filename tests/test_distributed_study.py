@@ -32,7 +32,7 @@ def runs_by_method(out: Path) -> dict[str, dict]:
 
 def numbers(record: dict) -> dict:
     """A record's measured numbers: without where its files are and how long it took."""
-    return {k: v for k, v in record.items() if k not in ("file", "seconds")}
+    return {k: v for k, v in record.items() if k not in ("file", "seconds", "cpu_seconds")}
 
 
 def test_a_study_on_two_processes_gives_one_process_results(tmp_path, tiny_model_dir):

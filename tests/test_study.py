@@ -175,6 +175,17 @@ def test_the_validation_number_is_the_final_models(tmp_path):
         f.write(json.dumps({"iteration": 2, "eval_pass@1": 0.5, "eval_reward": -90.0}) + "\n")
     result = study_record.validation_result(run)
     assert (result["eval_reward"], result["eval_pass@1"], result["samples"]) == (-90.0, 0.5, 32)
+    assert result["cpu_seconds"] is None  # a log from before CPU seconds were recorded: none, not 0
+
+
+def test_a_runs_cpu_seconds_sum_its_iterations(tmp_path):
+    run = study_plan.Run("es_full", "sigma=0.001", {"sigma": 1e-3}, 0, tmp_path)
+    records = [{"iteration": 1, "reward_mean": -199.0, "samples": 16, "seconds": 2.0, "cpu_seconds": 3.5},
+               {"iteration": 2, "reward_mean": -198.0, "samples": 32, "seconds": 2.0, "cpu_seconds": 4.0},
+               {"iteration": 2, "eval_pass@1": 0.5, "eval_reward": -90.0}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    result = study_record.validation_result(run)
+    assert (result["seconds"], result["cpu_seconds"]) == (4.0, 7.5)
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -32,6 +32,7 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
                                                                    for b in (16, 32, 48)]
     for p in points:
         assert p["validation"]["samples"] == p["budget"] and p["greedy"]["split"] == "test" and "kl" in p
+        assert p["validation"]["cpu_seconds"] > 0 and p["measure_cpu_seconds"] > 0  # what each point cost
         assert (out / "curves" / p["method"] / p["setting"] / "seed=0" / f"completions-{p['budget']}.jsonl.gz").is_file()
     # the first point continues the run the tables report: the grid's numbers again
     grid = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
@@ -40,6 +41,8 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
         assert p["validation"]["eval_reward"] == pytest.approx(grid[p["method"]]["validation"]["eval_reward"], abs=1e-6)
     text = (out / "learning_curve.md").read_text()
     assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
+    es_rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ES (full-rank) |")]
+    assert all(float(row[-1]) >= 0 and float(row[-2]) >= 0 for row in es_rows)  # wall and CPU s per run: numbers
     assert (out / "learning_curve.png").stat().st_size > 0
     assert not list(out.glob("curves/*/*/*/final"))  # weights deleted once every budget is measured
     assert "curve_budgets" not in json.loads((out / "study.json").read_text())  # an extension, not the grid

@@ -429,7 +429,7 @@ def train(cfg: ESConfig) -> Path:
             say(f"sample budget reached: {budget.samples} responses, and one more iteration ({per_step}) would exceed "
                 f"--max-samples {cfg.max_samples}")
             break
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         dist.phase = f"iteration {it}"
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
         seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, engine, scorer, params, layers, batch,
@@ -450,6 +450,7 @@ def train(cfg: ESConfig) -> Path:
         record = {"iteration": it, "reward_mean": float(rewards.mean()), "reward_std": float(rewards.std()),
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
                   "accuracy": float(accuracy.mean()), "skipped": z is None, "seconds": time.perf_counter() - start,
+                  "cpu_seconds": time.process_time() - cpu,
                   "tokens": budget.tokens, "tokens_iteration": int(tokens.sum()), "samples": budget.samples}
         run.log(record, it)
         last = it

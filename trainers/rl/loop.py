@@ -216,7 +216,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     steps = bar(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, unit="step", run=True,
                 disable=not ranks.is_main)
     for step in steps:
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         ranks.dist.phase = f"step {step}"
         if used == cfg.epochs:  # a fresh batch of responses
             prompts = batch_for(train_examples, cfg.batch_size, cfg.seed, step)
@@ -244,8 +244,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
         record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
                   "reward_min": float(r.min()), "reward_max": float(r.max()),
                   "accuracy": float(correct / n), "response_length": float(tokens / n), **stats,
-                  "seconds": time.perf_counter() - start, "sampling_seconds": sampling, "samples": budget.samples,
-                  "tokens": budget.tokens}
+                  "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+                  "sampling_seconds": sampling, "samples": budget.samples, "tokens": budget.tokens}
         run.log(record, step)
         if clock:
             clock.trained(record["seconds"], 1.0, "step")
