@@ -52,10 +52,13 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
 
 
 
-def logged_seconds(run: Run) -> float:
-    """The training seconds ``run``'s log holds: before it resumes, what earlier invocations spent on
-    its iterations (their start-up and held-out evaluations are not logged, so not counted)."""
-    return sum(r.get("seconds", 0.0) for r in read_jsonl(run.path / "log.jsonl"))
+def kept_seconds(before: list[dict[str, Any]], run: Run) -> float:
+    """The training seconds of the iterations that earlier invocations logged (``before``, the log as
+    this invocation found it) and that the run kept: a resume redoes, and logs anew, the iterations
+    after its last checkpoint, so those count once, at this invocation's time. Earlier start-ups and
+    held-out evaluations are not logged, so not counted."""
+    after = read_jsonl(run.path / "log.jsonl")
+    return sum(r.get("seconds", 0.0) for r in before if r in after)
 
 
 def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
@@ -68,7 +71,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
         bar.update(1 + len(evaluations(cfg)))
         return json.loads(record_file.read_text()) if dist.is_main else None
     bar.set_postfix_str(f"{run.label} {run.setting} seed={run.seed}: training")
-    earlier = logged_seconds(run)  # a run cut by an earlier invocation: its time counts too
+    before = read_jsonl(run.path / "log.jsonl")  # a run cut by an earlier invocation: its kept time counts too
     start = time.perf_counter()
     train_run(cfg, run, argv)
     bar.update(1)
@@ -83,7 +86,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
         record[name] = brief(measured[name])
         bar.update(1)
     completions = keep_completions(run.path / COMPLETIONS, measured)  # before the record: a record means both
-    record["wall_seconds"] = earlier + time.perf_counter() - start
+    record["wall_seconds"] = kept_seconds(before, run) + time.perf_counter() - start
     atomic_write(record_file, json.dumps(record, indent=1) + "\n")
     if cfg.commit:
         kept = [record_file, *([completions] if completions else [])]

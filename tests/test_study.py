@@ -120,6 +120,24 @@ def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_
     assert trained > 0 and 1000.0 * trained <= record["wall_seconds"] < 1000.0 * trained + 600
 
 
+def test_a_resumed_runs_wall_time_counts_a_redone_iteration_once(tmp_path, tiny_model_dir, one_thread, kill_on_call):
+    """A run killed after logging step 2 but before its checkpoint redoes step 2 on resume: its wall
+    time counts the kept step 1 from the first invocation, and step 2 only as redone."""
+    from trainers.rl import loop
+
+    out, argv = tmp_path / "study", ["--seeds", "1", "--methods", "grpo", "--betas", "0"]
+    with kill_on_call(loop, "save_checkpoint", 2):  # step 1 checkpointed, step 2 logged, then killed
+        study.main(tiny_argv(out, tiny_model_dir, *argv))
+    [run] = list(out.glob("runs/*/*/*"))
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in log if "seconds" in r] == [1, 2]
+    (run / "log.jsonl").write_text("".join(json.dumps({**r, "seconds": 1000.0} if "seconds" in r else r) + "\n"
+                                           for r in log))  # as if each step had taken 1000 s
+    study.main(tiny_argv(out, tiny_model_dir, *argv))
+    record = json.loads((out / "results.json").read_text())["runs"][0]
+    assert 1000.0 <= record["wall_seconds"] < 1600.0  # step 1's 1000 s kept; the lost step 2 not counted
+
+
 def test_es_grid_over_sigma_and_alpha_and_sampled_members(tmp_path, tiny_model_dir, one_thread):
     """--alpha-ratios with several values makes ES's grid sigma x alpha; es_sampled is low-rank ES
     on sampled members, its budget counting every sample."""
