@@ -89,6 +89,14 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     assert written == {name: (out / name).read_text() for name in written}
 
 
+def as_if_each_iteration_took(run: Path, seconds: float) -> list[int]:
+    """Rewrite ``run``'s log as if each logged iteration had taken ``seconds``; the iterations it holds."""
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    (run / "log.jsonl").write_text("".join(json.dumps({**r, "seconds": seconds} if "seconds" in r else r) + "\n"
+                                           for r in log))
+    return [r["iteration"] for r in log if "seconds" in r]
+
+
 def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_dir, one_thread, monkeypatch):
     """Killed half-way through writing a run's final/ (weights written, tokenizer not): the same
     command resumes the study to the end, instead of failing for good on a half-written model."""
@@ -109,10 +117,7 @@ def test_a_run_killed_while_saving_its_final_model_resumes(tmp_path, tiny_model_
     [run] = list(out.glob("runs/*/*/*"))
     assert not (run / "final").exists()  # its final evaluation is logged, but no half model is left
     # the first invocation's iterations as if each had taken 1000 s: the run's wall time must count them
-    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    trained = sum(1 for r in log if "seconds" in r)
-    (run / "log.jsonl").write_text("".join(json.dumps({**r, "seconds": 1000.0} if "seconds" in r else r) + "\n"
-                                           for r in log))
+    trained = len(as_if_each_iteration_took(run, 1000.0))
     study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_full"))
     assert (out / "table1.md").is_file()
     record = json.loads((out / "results.json").read_text())["runs"][0]
@@ -129,10 +134,7 @@ def test_a_resumed_runs_wall_time_counts_a_redone_iteration_once(tmp_path, tiny_
     with kill_on_call(loop, "save_checkpoint", 2):  # step 1 checkpointed, step 2 logged, then killed
         study.main(tiny_argv(out, tiny_model_dir, *argv))
     [run] = list(out.glob("runs/*/*/*"))
-    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
-    assert [r["iteration"] for r in log if "seconds" in r] == [1, 2]
-    (run / "log.jsonl").write_text("".join(json.dumps({**r, "seconds": 1000.0} if "seconds" in r else r) + "\n"
-                                           for r in log))  # as if each step had taken 1000 s
+    assert as_if_each_iteration_took(run, 1000.0) == [1, 2]
     study.main(tiny_argv(out, tiny_model_dir, *argv))
     record = json.loads((out / "results.json").read_text())["runs"][0]
     assert 1000.0 <= record["wall_seconds"] < 1600.0  # step 1's 1000 s kept; the lost step 2 not counted
