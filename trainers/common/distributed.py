@@ -18,10 +18,15 @@ peer's closed connection (or the collective's timeout) raise ``PeerLost``; those
 launcher (torchrun sends SIGTERM to the survivors of a failed worker) raise ``Stopped`` from the
 SIGTERM handler ``one_line_errors`` installs. Both say what the process was doing (``Dist.phase``) and how
 to continue (``Dist.hint``).
+
+Exit. The process group ``init`` starts is destroyed at interpreter exit (``_teardown``, an
+``atexit`` hook), so gloo's and NCCL's threads are joined while the interpreter is whole; left to
+static destructors, a rank could abort at exit ("terminate called without an active exception").
 """
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import signal
@@ -206,6 +211,7 @@ def init() -> Dist:
         timeout = os.environ.get("LLM_ENVS_DIST_TIMEOUT")
         tdist.init_process_group("nccl" if device else "gloo",
                                  **({"timeout": timedelta(seconds=float(timeout))} if timeout else {}))
+        atexit.register(_teardown)  # a group started by someone else is theirs to destroy
     wait = timedelta(seconds=float(os.environ.get("LLM_ENVS_DIST_WAIT", WAIT_DEFAULT_S)))
     _current = Dist(rank, world, device, waits=tdist.new_group(backend="gloo", timeout=wait))
     return _current
@@ -213,6 +219,19 @@ def init() -> Dist:
 
 #: The Dist of this process's run (what a SIGTERM message says the process was doing).
 _current: Dist | None = None
+#: Set when ``one_line_errors`` stopped the run: the process group is then left to the exit.
+_failed = False
+
+
+def _teardown() -> None:
+    """At exit, after a run that did not fail: destroy the process group (and the wait group).
+    After a failure it is left alone: a group whose peer died or hung may block in its destruction,
+    and the exit code already says that the run failed."""
+    global _current
+    if _failed or not tdist.is_initialized():
+        return
+    tdist.destroy_process_group()
+    _current = None
 
 
 def _stop(signum, frame):
@@ -231,11 +250,13 @@ def one_line_errors():
     code ``EXIT_CODE``, never a traceback."""
     import threading
 
+    global _failed
     handle = int(os.environ.get("WORLD_SIZE", "1")) > 1 and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop) if handle else None
     try:
         yield
     except (DistributedError, Stopped) as exc:
+        _failed = True
         if handle:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the launcher's SIGTERM may follow: one line only
         _close_bars()
