@@ -1,0 +1,116 @@
+"""Where a study stands, without starting anything: the study's own command line, with
+``study_status`` in place of ``study``, prints the runs and learning-curve points done and left,
+and the time left, estimated from the runs finished so far.
+
+    python -m benchmarks.study_status --config benchmarks/configs/study_rg_arithmetic_round2_cpu.yaml \\
+        --out docs/study-rg-arithmetic-r2
+
+The estimate uses each method's median over its finished runs (a median, so that one run that
+was paused or shared the CPU does not decide it): its training seconds, and the rest of its wall
+time (start-up, the final model's measurements). A curve segment from budget b0 to b trains
+(b - b0) / --max-samples times a grid run's training and is measured once. A method with no
+finished run yet is left out of the estimate, and the output says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.study_config import LABELS, StudyConfig
+from benchmarks.study_curves import RECORD as CURVE_RECORD
+from benchmarks.study_curves import budgets
+from benchmarks.study_plan import plan
+from trainers.common.config import ConfigError, parse_config, run_main
+
+RECORD = "study_record.json"
+
+
+@dataclass
+class Cost:
+    """A method's median seconds per grid run: training, and everything else (start-up, measuring)."""
+    train: float
+    other: float
+
+
+def costs(records: list[dict]) -> dict[str, Cost]:
+    """Each method's ``Cost``, from its finished runs' records."""
+    by_method: dict[str, list[dict]] = {}
+    for r in records:
+        by_method.setdefault(r["method"], []).append(r)
+    return {m: Cost(statistics.median(r["validation"]["seconds"] for r in rs),
+                    statistics.median(r["wall_seconds"] - r["validation"]["seconds"] for r in rs))
+            for m, rs in by_method.items()}
+
+
+def curve_points(out: Path, method: str, seed: int) -> set[int]:
+    """The budgets already measured on the curve of ``method``'s selected setting, ``seed``."""
+    files = list((out / "curves" / method).glob(f"*/seed={seed}/{CURVE_RECORD}"))
+    return {p["budget"] for f in files for p in json.loads(f.read_text())}
+
+
+def status(cfg: StudyConfig, out: Path) -> str:
+    """The report: runs done, curve points done, time left (see the module docstring)."""
+    if not (out / "study.json").is_file():
+        return f"{out}: no study there yet (study.json missing); the study's command starts it"
+    runs = plan(cfg, out)
+    records = [json.loads((r.path / RECORD).read_text()) for r in runs if (r.path / RECORD).is_file()]
+    cost = costs(records)
+    done = {(r["method"], r["setting"], r["seed"]) for r in records}
+    left = [r for r in runs if (r.method, r.setting, r.seed) not in done]
+    grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)
+
+    points = budgets(cfg)
+    curve_done, curve_left = 0, 0.0
+    for method in cfg.method_list:
+        for seed in range(cfg.seeds):
+            measured = curve_points(out, method, seed)
+            curve_done += len(measured & set(points))
+            if method not in cost:
+                continue
+            curve_left += sum(cost[method].train * (b - b0) / cfg.max_samples + cost[method].other
+                              for b0, b in zip([0, *points], points) if b not in measured)
+
+    lines = [f"study {out}: grid {len(records)} of {len(runs)} runs done"
+             + (f"; learning curves {curve_done} of {len(points) * cfg.seeds * len(cfg.method_list)} points "
+                f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
+    if left:
+        nxt = left[0]
+        lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}")
+    counted = [m for m in cfg.method_list if m in cost]
+    complete = not left and curve_done == len(points) * cfg.seeds * len(cfg.method_list)
+    if complete:
+        lines.append("nothing left: the same command renders the report")
+    else:
+        lines.append(f"time left on this machine, estimated from the finished runs: grid {hours(grid_left)}"
+                     + (f", curves {hours(curve_left)}, total {hours(grid_left + curve_left)}" if points else "")
+                     + ("" if len(counted) == len(cfg.method_list) else
+                        f"; without {', '.join(LABELS[m] for m in cfg.method_list if m not in cost)} "
+                        f"(no finished run to estimate from)"))
+    for method in counted:
+        c, n = cost[method], sum(r["method"] == method for r in records)
+        lines.append(f"  {LABELS[method]}: runs done {n}, per run (median) {c.train / 60:.1f} min training + "
+                     f"{c.other / 60:.1f} min start-up and measuring")
+    return "\n".join(lines)
+
+
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def main(argv: list[str] | None = None) -> str:
+    def report(cfg: StudyConfig) -> str:
+        if not cfg.out:
+            raise ConfigError("--out: the study's directory (the --out its own command was given)")
+        text = status(cfg, Path(cfg.out))
+        print(text)
+        return text
+
+    return run_main(functools.partial(parse_config, StudyConfig, description=__doc__.split("\n\n")[0]), report, argv)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""``python -m benchmarks.study_status``: the runs and curve points of a study done and left, and the
+time left estimated from each method's finished runs, on a study directory written by hand."""
+
+import json
+
+import pytest
+
+from benchmarks import study_status
+from benchmarks.study_config import StudyConfig
+from benchmarks.study_plan import plan
+
+
+def write_record(run, train_s: float, wall_s: float) -> None:
+    run.path.mkdir(parents=True)
+    record = {"method": run.method, "setting": run.setting, "seed": run.seed,
+              "validation": {"seconds": train_s}, "wall_seconds": wall_s}
+    (run.path / "study_record.json").write_text(json.dumps(record))
+
+
+@pytest.fixture
+def cfg():
+    # GRPO and PPO, one lr each, 3 seeds: 6 runs; curves to 512 (the grid's budget), 1024, 2048
+    return StudyConfig(env="Conciseness-v0", methods="grpo,ppo", lrs="1e-5", betas="0", seeds=3, max_samples=512,
+                       curve_budgets="1024,2048")
+
+
+def test_counts_and_time_left_come_from_the_finished_runs(cfg, tmp_path):
+    (tmp_path / "study.json").write_text("{}")
+    runs = plan(cfg, tmp_path)
+    grpo = [r for r in runs if r.method == "grpo"]
+    # GRPO's medians: 60 s training, 30 s the rest (the paused 600 s run does not move a median of 3)
+    for run, (train, wall) in zip(grpo, [(60, 90), (600, 700), (50, 80)]):
+        write_record(run, train, wall)
+    # one curve point already measured: GRPO seed 0 at 512
+    curve = tmp_path / "curves" / "grpo" / grpo[0].setting / "seed=0"
+    curve.mkdir(parents=True)
+    (curve / "curve_record.json").write_text(json.dumps([{"budget": 512}]))
+
+    text = study_status.status(cfg, tmp_path)
+    assert text.splitlines()[0] == (f"study {tmp_path}: grid 3 of 6 runs done; learning curves 1 of 18 points "
+                                    "(budgets 512, 1024, 2048), after the grid")
+    assert "next or running: PPO beta=0_lr=1e-05 seed=0" in text
+    # grid: PPO has no finished run, so nothing of it is counted; curves: GRPO's 8 points left, each
+    # 30 s of measuring plus 60 s of training per 512 responses (512 -> 1024: x1, 1024 -> 2048: x2)
+    curve_s = 2 * (60 + 30) + 3 * (60 + 30) + 3 * (120 + 30)
+    assert f"grid 0 min, curves {curve_s / 60:.0f} min" in text
+    assert "without PPO (no finished run to estimate from)" in text
+    assert "GRPO: runs done 3, per run (median) 1.0 min training + 0.5 min start-up and measuring" in text
+
+
+def test_a_finished_study_has_nothing_left(cfg, tmp_path):
+    (tmp_path / "study.json").write_text("{}")
+    for run in plan(cfg, tmp_path):
+        write_record(run, 60, 90)
+        curve = tmp_path / "curves" / run.method / run.setting / f"seed={run.seed}"
+        curve.mkdir(parents=True)
+        (curve / "curve_record.json").write_text(json.dumps([{"budget": b} for b in (512, 1024, 2048)]))
+    text = study_status.status(cfg, tmp_path)
+    assert "grid 6 of 6 runs done; learning curves 18 of 18 points" in text
+    assert "nothing left" in text and "next or running" not in text
+
+
+def test_no_study_and_no_out_are_one_line(tmp_path, capsys):
+    assert "no study there yet" in study_status.status(StudyConfig(env="Conciseness-v0"), tmp_path)
+    with pytest.raises(SystemExit):
+        study_status.main(["--env", "Conciseness-v0"])
+    assert "error: --out: the study's directory" in capsys.readouterr().err
