@@ -7,7 +7,9 @@ and the time left, estimated from the runs finished so far.
 
 The estimate uses each method's median over its finished runs (a median, so that one run that
 was paused or shared the CPU does not decide it): its training seconds, and the rest of its wall
-time (start-up, the final model's measurements). A curve segment from budget b0 to b trains
+time (start-up, the final model's measurements). A run's training seconds are its iterations
+times their median where its log is on this machine (one paused iteration does not decide them
+either), else its record's sum (a fresh clone has the records only). A curve segment from budget b0 to b trains
 (b - b0) / --max-samples times a grid run's training and is measured once. A method with no
 finished run yet is left out of the estimate, and the output says so.
 """
@@ -25,6 +27,7 @@ from benchmarks.study_curves import RECORD as CURVE_RECORD
 from benchmarks.study_curves import budgets
 from benchmarks.study_plan import plan
 from trainers.common.config import ConfigError, parse_config, run_main
+from trainers.common.run_dir import read_jsonl
 
 RECORD = "study_record.json"
 
@@ -36,14 +39,20 @@ class Cost:
     other: float
 
 
-def costs(records: list[dict]) -> dict[str, Cost]:
-    """Each method's ``Cost``, from its finished runs' records."""
-    by_method: dict[str, list[dict]] = {}
-    for r in records:
-        by_method.setdefault(r["method"], []).append(r)
-    return {m: Cost(statistics.median(r["validation"]["seconds"] for r in rs),
-                    statistics.median(r["wall_seconds"] - r["validation"]["seconds"] for r in rs))
-            for m, rs in by_method.items()}
+def training_seconds(record: dict, path: Path) -> float:
+    """A finished run's training seconds (see the module docstring)."""
+    its = [r["seconds"] for r in read_jsonl(path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+    return len(its) * statistics.median(its) if its else record["validation"]["seconds"]
+
+
+def costs(finished: list[tuple[dict, Path]]) -> dict[str, Cost]:
+    """Each method's ``Cost``, from its finished runs: (record, run directory)."""
+    by_method: dict[str, list[Cost]] = {}
+    for record, path in finished:
+        other = record["wall_seconds"] - record["validation"]["seconds"]  # the record's own sum: pauses cancel
+        by_method.setdefault(record["method"], []).append(Cost(training_seconds(record, path), other))
+    return {m: Cost(statistics.median(c.train for c in cs), statistics.median(c.other for c in cs))
+            for m, cs in by_method.items()}
 
 
 def curve_points(out: Path, method: str, seed: int) -> set[int]:
@@ -57,8 +66,9 @@ def status(cfg: StudyConfig, out: Path) -> str:
     if not (out / "study.json").is_file():
         return f"{out}: no study there yet (study.json missing); the study's command starts it"
     runs = plan(cfg, out)
-    records = [json.loads((r.path / RECORD).read_text()) for r in runs if (r.path / RECORD).is_file()]
-    cost = costs(records)
+    finished = [(json.loads((r.path / RECORD).read_text()), r.path) for r in runs if (r.path / RECORD).is_file()]
+    records = [record for record, _ in finished]
+    cost = costs(finished)
     done = {(r["method"], r["setting"], r["seed"]) for r in records}
     left = [r for r in runs if (r.method, r.setting, r.seed) not in done]
     grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)

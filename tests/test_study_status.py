@@ -48,6 +48,19 @@ def test_counts_and_time_left_come_from_the_finished_runs(cfg, tmp_path):
     assert "GRPO: runs done 3, per run (median) 1.0 min training + 0.5 min start-up and measuring" in text
 
 
+def test_a_paused_iteration_does_not_decide_a_runs_training_time(cfg, tmp_path):
+    """With the run's log on this machine, its training time is its iterations times their median:
+    an iteration paused for 30 min (its record's sum: 1860 s) counts as the others' 20 s."""
+    (tmp_path / "study.json").write_text("{}")
+    run = plan(cfg, tmp_path)[0]
+    write_record(run, 1860, 1890)
+    log = [{"iteration": 0, "eval_pass@1": 0.5}, *({"iteration": i, "reward_mean": 0.5, "seconds": s}
+                                                    for i, s in enumerate([20, 1800, 20, 20], 1))]
+    (run.path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    assert study_status.training_seconds(json.loads((run.path / "study_record.json").read_text()), run.path) == 80
+    assert "GRPO: runs done 1, per run (median) 1.3 min training + 0.5 min start-up" in study_status.status(cfg, tmp_path)
+
+
 def test_a_finished_study_has_nothing_left(cfg, tmp_path):
     (tmp_path / "study.json").write_text("{}")
     for run in plan(cfg, tmp_path):
