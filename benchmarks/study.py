@@ -79,9 +79,6 @@ def study(cfg: StudyConfig) -> Path:
         raise ConfigError(f"--engine vllm: the harness's measurements run on process 0 alone, and a vLLM engine "
                           f"started there joins all {dist.world} processes of this launch; use --engine native or "
                           f"hf with several processes, or run the study on one process")
-    if cfg.curve_budgets and dist.world > 1:
-        raise ConfigError("--curve-budgets: learning curves run on one process for now; run the grid on several, "
-                          "then the same command with --curve-budgets on one")
     check_curve_budgets(cfg)
     env = make_env(cfg.env, cfg.env_args, splits=("train",))  # bad options end here, before OUT exists
     try:
@@ -147,17 +144,20 @@ def study(cfg: StudyConfig) -> Path:
             record["hacked"] = hacked(record, base.get("kl"))
             records.append(record)
     bar.close()
-    if not dist.is_main:
-        return out
-    chosen = select(cfg, records)
-    write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start, splits)
-    if cfg.commit:
-        commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
-    if curve_budgets(cfg):
-        run_curves(cfg, out, records, chosen, base, prompts, validation, cache)
+    if dist.is_main:
+        chosen = select(cfg, records)
+        write_report(cfg, out, records, base, chosen, selected_on, time.perf_counter() - start, splits)
         if cfg.commit:
+            commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
+    if curve_budgets(cfg):  # every process trains the curves' runs too, process 0 measures them
+        records = dist.from_main(records if dist.is_main else None)
+        chosen = dist.from_main(chosen if dist.is_main else None)
+        run_curves(cfg, out, records, chosen, base, prompts, validation, cache)
+        if cfg.commit and dist.is_main:
             commit([out / name for name in ("learning_curve.md", "learning_curve.png", "curves.json")],
                    f"study {out.name}: learning curves to {curve_budgets(cfg)[-1]} responses")
+    if not dist.is_main:
+        return out
     tqdm.write((out / "table1.md").read_text())
     tqdm.write(f"study written to {out} (table1.md, table2.md, runs.md, seed_variance.md, curves.png, pareto, results.json)")
     return out

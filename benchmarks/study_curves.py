@@ -4,6 +4,8 @@ to ``--max-samples`` responses, then resumed to each curve budget in turn (the s
 no learning-rate schedule depends on the length, and the seeds and batches are the run's own).
 After each segment the run's logged validation numbers are read and its model is measured on the
 test split as the grid's runs are, so every budget has validation, test and sampled numbers.
+On several processes (torchrun) every process trains each segment and process 0 measures it, as
+for the grid's runs.
 
 The first segment retrains what the grid's run of that setting trained (its weights were deleted
 once measured), so the curve's first point must repeat the grid's numbers: a check that the
@@ -30,6 +32,7 @@ from benchmarks.study_report import pm
 from benchmarks.study_run import measure
 from benchmarks.verdicts import Study, claim_budget
 from eval.table import Table, render
+from trainers.common import distributed
 from trainers.common.config import ConfigError
 from trainers.common.files import atomic_write
 from trainers.common.run_dir import read_jsonl
@@ -74,24 +77,32 @@ def continue_to(cfg: StudyConfig, run: Run, budget: int, prompts: int, validatio
     every = cfg.max_samples // per_step(cfg, run.method, prompts)  # a checkpoint at every budget's end
     argv = trainer_argv(cfg, run, prompts, validation, budget=budget, checkpoint_every=every)
     log = read_jsonl(run.path / "log.jsonl")
-    if (run.path / "final").is_dir() and trained_samples(run) >= budget and final_evaluation(log) is not None:
+    done = (run.path / "final").is_dir() and trained_samples(run) >= budget and final_evaluation(log) is not None
+    done, resuming = distributed.init().from_main((done, (run.path / "config.yaml").is_file()))
+    if done:
         return
-    if (run.path / "config.yaml").is_file():
+    if resuming:
         flag = "--iterations" if run.method.startswith("es_") else "--steps"
         argv = [*resume_argv(run, argv), flag, str(steps), "--max-samples", str(budget)]
     trainer.train(trainer.resolve(argv))
 
 
 def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cache: Path) -> list[dict[str, Any]]:
-    """Every budget's point of ``run`` (each measured once; a killed study resumes at the next)."""
+    """Every budget's point of ``run`` (each measured once; a killed study resumes at the next).
+    Several processes: all train each segment, process 0 measures it and returns the points."""
+    dist = distributed.init()
     file = run.path / RECORD
-    points = json.loads(file.read_text()) if file.is_file() else []
+    points = dist.from_main(json.loads(file.read_text()) if dist.is_main and file.is_file() else [])
     done = {p["budget"] for p in points}
     for budget in budgets(cfg):
         if budget in done:
             continue
+        dist.phase = f"the study's curve {run.label} {run.setting} seed={run.seed} to {budget} responses"
         start = time.perf_counter()
         continue_to(cfg, run, budget, prompts, validation)
+        if not dist.is_main:
+            dist.wait_for_main()  # while process 0 measures the segment's model and writes its point
+            continue
         point = {"method": run.method, "label": run.label, "setting": run.setting, "seed": run.seed,
                  "budget": budget, "validation": validation_result(run)}
         measuring, measuring_cpu = time.perf_counter(), time.process_time()
@@ -107,7 +118,8 @@ def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cach
         if cfg.commit:
             commit([file, *([completions] if completions else [])],
                    f"study {run.path.parents[3].name}: curve {run.label} {run.setting} seed={run.seed} at {budget}")
-    if not cfg.keep_weights and len(points) == len(budgets(cfg)):
+        dist.wait_for_main()
+    if dist.is_main and not cfg.keep_weights and len(points) == len(budgets(cfg)):
         for sub in ("final", "checkpoints"):
             shutil.rmtree(run.path / sub, ignore_errors=True)
     return points
@@ -118,7 +130,8 @@ def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chose
     """The learning curves of the selected settings (see the module docstring), and their report."""
     hparams = {(r["method"], r["setting"]): r["hparams"] for r in records}
     points = [p for run in curve_runs(cfg, out, chosen, hparams) for p in extend(cfg, run, prompts, validation, cache)]
-    write_curves(cfg, out, points, base)
+    if distributed.init().is_main:
+        write_curves(cfg, out, points, base)
     return points
 
 

@@ -1,6 +1,6 @@
-"""benchmarks.study under torchrun (2 processes of one thread, gloo): every run trains on both
-processes, process 0 measures and reports, and the results equal one process's: ES bit for bit,
-RL within float rounding."""
+"""benchmarks.study under torchrun (2 processes of one thread, gloo): every run (and every learning
+curve segment) trains on both processes, process 0 measures and reports, and the results equal one
+process's: ES bit for bit, RL within float rounding."""
 
 import json
 import os
@@ -61,3 +61,32 @@ def test_a_study_on_two_processes_gives_one_process_results(tmp_path, tiny_model
         assert a[method]["greedy"]["pass@1"] == b[method]["greedy"]["pass@1"]
     # the report is process 0's alone, written once
     assert (two / "table1.md").read_text().count("| GRPO |") == 1
+
+
+def test_learning_curves_on_two_processes_give_one_process_points(tmp_path, tiny_model_dir):
+    """``--curve-budgets`` under torchrun: both processes train every curve segment, process 0
+    measures it; the points equal one process's (ES bit for bit, GRPO within float rounding)."""
+    argv = lambda out: [*study_argv(out, tiny_model_dir), "--methods", "es_full,grpo", "--curve-budgets", "64"]  # noqa: E731
+    two, one = tmp_path / "two", tmp_path / "one"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1",
+           "LLM_ENVS_DIST_TIMEOUT": "120"}
+    logs = tmp_path / "logs"
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "--log-dir", str(logs), "--redirects", "3", "-m", "benchmarks.study", *argv(two)],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
+    stderr = "\n".join(p.read_text()[-2000:] for p in sorted(logs.glob("**/stderr.log")))
+    assert done.returncode == 0, stderr
+    study.main(argv(one))
+
+    def points(out):
+        return {(p["method"], p["budget"]): p for p in json.loads((out / "curves.json").read_text())["points"]}
+
+    a, b = points(one), points(two)
+    assert set(a) == set(b) == {(m, n) for m in ("es_full", "grpo") for n in (32, 64)}
+    assert b[("es_full", 64)]["validation"]["samples"] == 64
+    for key, p in a.items():
+        if key[0] == "es_full":
+            assert numbers(p["validation"]) == numbers(b[key]["validation"]) and numbers(p["greedy"]) == numbers(b[key]["greedy"]), key
+        else:
+            assert p["greedy"]["reward_mean"] == pytest.approx(b[key]["greedy"]["reward_mean"], rel=1e-4, abs=1e-6), key
+    assert (two / "learning_curve.md").read_text().count("| GRPO |") == 2  # written once, by process 0
