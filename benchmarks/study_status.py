@@ -26,7 +26,7 @@ from benchmarks.study_config import LABELS, StudyConfig
 from benchmarks.study_curves import RECORD as CURVE_RECORD
 from benchmarks.study_curves import budgets
 from benchmarks.study_plan import plan
-from trainers.common.config import ConfigError, parse_config, run_main
+from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
 from trainers.common.run_dir import read_jsonl
 
 RECORD = "study_record.json"
@@ -89,7 +89,7 @@ def status(cfg: StudyConfig, out: Path) -> str:
                 f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
     if left:
         nxt = left[0]
-        lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}")
+        lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")
     counted = [m for m in cfg.method_list if m in cost]
     complete = not left and curve_done == len(points) * cfg.seeds * len(cfg.method_list)
     if complete:
@@ -105,6 +105,17 @@ def status(cfg: StudyConfig, out: Path) -> str:
         lines.append(f"  {LABELS[method]}: runs done {n}, per run (median) {c.train / 60:.1f} min training + "
                      f"{c.other / 60:.1f} min start-up and measuring")
     return "\n".join(lines)
+
+
+def progress(path: Path) -> str:
+    """How far a started run's log goes, e.g. " (3 of 8 iterations logged)"; "" for a run not started."""
+    config = path / "config.yaml"
+    if not config.is_file():
+        return ""
+    saved = load_yaml(config)
+    unit, total = ("iterations", saved.get("iterations")) if "iterations" in saved else ("steps", saved.get("steps"))
+    logged = sum("reward_mean" in r for r in read_jsonl(path / "log.jsonl"))
+    return f" ({logged} of {total} {unit} logged)"
 
 
 def hours(seconds: float) -> str:

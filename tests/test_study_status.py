@@ -39,7 +39,7 @@ def test_counts_and_time_left_come_from_the_finished_runs(cfg, tmp_path):
     text = study_status.status(cfg, tmp_path)
     assert text.splitlines()[0] == (f"study {tmp_path}: grid 3 of 6 runs done; learning curves 1 of 18 points "
                                     "(budgets 512, 1024, 2048), after the grid")
-    assert "next or running: PPO beta=0_lr=1e-05 seed=0" in text
+    assert "next or running: PPO beta=0_lr=1e-05 seed=0\n" in text  # not started: no progress
     # grid: PPO has no finished run, so nothing of it is counted; curves: GRPO's 8 points left, each
     # 30 s of measuring plus 60 s of training per 512 responses (512 -> 1024: x1, 1024 -> 2048: x2)
     curve_s = 2 * (60 + 30) + 3 * (60 + 30) + 3 * (120 + 30)
@@ -57,6 +57,12 @@ def test_a_paused_iteration_does_not_decide_a_runs_training_time(cfg, tmp_path):
     log = [{"iteration": 0, "eval_pass@1": 0.5}, *({"iteration": i, "reward_mean": 0.5, "seconds": s}
                                                     for i, s in enumerate([20, 1800, 20, 20], 1))]
     (run.path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    # the next run started: how far its log goes
+    nxt = plan(cfg, tmp_path)[1]
+    nxt.path.mkdir(parents=True)
+    (nxt.path / "config.yaml").write_text("steps: 8\nmax_samples: 512\n")
+    (nxt.path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log[:3]))
+    assert f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed} (2 of 8 steps logged)" in study_status.status(cfg, tmp_path)
     assert study_status.training_seconds(json.loads((run.path / "study_record.json").read_text()), run.path) == 80
     assert "GRPO: runs done 1, per run (median) 1.3 min training + 0.5 min start-up" in study_status.status(cfg, tmp_path)
 
