@@ -74,11 +74,14 @@ def status(cfg: StudyConfig, out: Path) -> str:
     grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)
 
     points = budgets(cfg)
-    curve_done, curve_left = 0, 0.0
-    for method in cfg.method_list:
-        for seed in range(cfg.seeds):
+    curve_done, curve_left, curve_next = 0, 0.0, None
+    for seed in range(cfg.seeds):  # the order the curves run in
+        for method in cfg.method_list:
             measured = curve_points(out, method, seed)
             curve_done += len(measured & set(points))
+            missing = [b for b in points if b not in measured]
+            if missing and curve_next is None:
+                curve_next = f"the curve of {LABELS[method]} seed={seed} to {missing[0]} responses"
             if method not in cost:
                 continue
             curve_left += sum(cost[method].train * (b - b0) / cfg.max_samples + cost[method].other
@@ -90,6 +93,8 @@ def status(cfg: StudyConfig, out: Path) -> str:
     if left:
         nxt = left[0]
         lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")
+    elif curve_next:
+        lines.append(f"next or running: {curve_next}")
     counted = [m for m in cfg.method_list if m in cost]
     complete = not left and curve_done == len(points) * cfg.seeds * len(cfg.method_list)
     if complete:

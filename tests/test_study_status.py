@@ -67,13 +67,16 @@ def test_a_paused_iteration_does_not_decide_a_runs_training_time(cfg, tmp_path):
     assert "GRPO: runs done 1, per run (median) 1.3 min training + 0.5 min start-up" in study_status.status(cfg, tmp_path)
 
 
-def test_a_finished_study_has_nothing_left(cfg, tmp_path):
+def test_a_finished_grid_names_the_next_curve_point_and_a_finished_study_nothing(cfg, tmp_path):
     (tmp_path / "study.json").write_text("{}")
     for run in plan(cfg, tmp_path):
         write_record(run, 60, 90)
         curve = tmp_path / "curves" / run.method / run.setting / f"seed={run.seed}"
         curve.mkdir(parents=True)
         (curve / "curve_record.json").write_text(json.dumps([{"budget": b} for b in (512, 1024, 2048)]))
+    (curve / "curve_record.json").write_text(json.dumps([{"budget": 512}]))  # PPO seed 2: at 512 only
+    assert "next or running: the curve of PPO seed=2 to 1024 responses" in study_status.status(cfg, tmp_path)
+    (curve / "curve_record.json").write_text(json.dumps([{"budget": b} for b in (512, 1024, 2048)]))
     text = study_status.status(cfg, tmp_path)
     assert "grid 6 of 6 runs done; learning curves 18 of 18 points" in text
     assert "nothing left" in text and "next or running" not in text
