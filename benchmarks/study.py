@@ -150,8 +150,7 @@ def study(cfg: StudyConfig) -> Path:
         if cfg.commit:
             commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
     if curve_budgets(cfg):  # every process trains the curves' runs too, process 0 measures them
-        records = dist.from_main(records if dist.is_main else None)
-        chosen = dist.from_main(chosen if dist.is_main else None)
+        records, chosen = dist.from_main((records, chosen) if dist.is_main else None)
         run_curves(cfg, out, records, chosen, base, prompts, validation, cache)
         if cfg.commit and dist.is_main:
             commit([out / name for name in ("learning_curve.md", "learning_curve.png", "curves.json")],

@@ -227,11 +227,8 @@ def _teardown() -> None:
     """At exit, after a run that did not fail: destroy the process group (and the wait group).
     After a failure it is left alone: a group whose peer died or hung may block in its destruction,
     and the exit code already says that the run failed."""
-    global _current
-    if _failed or not tdist.is_initialized():
-        return
-    tdist.destroy_process_group()
-    _current = None
+    if not _failed and tdist.is_initialized():
+        tdist.destroy_process_group()
 
 
 def _stop(signum, frame):
