@@ -19,6 +19,10 @@ from trainers.common.config import build_config
 from trainers.common.files import atomic_write
 from trainers.common.run_dir import read_jsonl
 
+#: A finished run's record, beside its run directory's files: its presence means "done".
+RECORD = "study_record.json"
+
+
 def train_run(cfg: StudyConfig, run: Run, argv: list[str]) -> None:
     """Train ``run`` unless its final model exists and was measured; an interrupted run resumes
     (one killed while measuring its final model only measures it). Several processes: all train,
@@ -66,7 +70,7 @@ def finish_run(cfg: StudyConfig, run: Run, argv: list[str], bar, cache: Path,
     """Train, validate and measure one run (each step skipped when done before); its record
     (several processes: all train, process 0 measures and returns the record, the others None)."""
     dist = distributed.init()
-    record_file = run.path / "study_record.json"
+    record_file = run.path / RECORD
     if dist.from_main(record_file.is_file()):
         bar.update(1 + len(evaluations(cfg)))
         return json.loads(record_file.read_text()) if dist.is_main else None

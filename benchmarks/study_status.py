@@ -26,10 +26,9 @@ from benchmarks.study_config import LABELS, StudyConfig
 from benchmarks.study_curves import RECORD as CURVE_RECORD
 from benchmarks.study_curves import budgets
 from benchmarks.study_plan import plan
+from benchmarks.study_run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
 from trainers.common.run_dir import read_jsonl
-
-RECORD = "study_record.json"
 
 
 @dataclass

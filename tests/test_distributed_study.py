@@ -35,17 +35,21 @@ def numbers(record: dict) -> dict:
     return {k: v for k, v in record.items() if k not in ("file", "seconds", "cpu_seconds")}
 
 
-def test_a_study_on_two_processes_gives_one_process_results(tmp_path, tiny_model_dir):
-    two, one = tmp_path / "two", tmp_path / "one"
+def on_two_processes(argv: list[str], logs: Path) -> None:
+    """``benchmarks.study argv`` under torchrun, 2 processes of one thread; each rank's output in
+    ``logs``, the tail of their stderr in the failure's message."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1",
            "LLM_ENVS_DIST_TIMEOUT": "120"}
-    logs = tmp_path / "logs"
     done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "--log-dir", str(logs), "--redirects", "3", "-m", "benchmarks.study",
-                           *study_argv(two, tiny_model_dir)], capture_output=True, text=True, timeout=900, env=env,
-                          cwd=ROOT)
+                           "--log-dir", str(logs), "--redirects", "3", "-m", "benchmarks.study", *argv],
+                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
     stderr = "\n".join(p.read_text()[-2000:] for p in sorted(logs.glob("**/stderr.log")))
     assert done.returncode == 0, stderr
+
+
+def test_a_study_on_two_processes_gives_one_process_results(tmp_path, tiny_model_dir):
+    two, one = tmp_path / "two", tmp_path / "one"
+    on_two_processes(study_argv(two, tiny_model_dir), tmp_path / "logs")
     study.main(study_argv(one, tiny_model_dir))
 
     a, b = runs_by_method(one), runs_by_method(two)
@@ -66,16 +70,9 @@ def test_a_study_on_two_processes_gives_one_process_results(tmp_path, tiny_model
 def test_learning_curves_on_two_processes_give_one_process_points(tmp_path, tiny_model_dir):
     """``--curve-budgets`` under torchrun: both processes train every curve segment, process 0
     measures it; the points equal one process's (ES bit for bit, GRPO within float rounding)."""
-    argv = lambda out: [*study_argv(out, tiny_model_dir), "--methods", "es_full,grpo", "--curve-budgets", "64"]  # noqa: E731
+    argv = lambda out: [*study_argv(out, tiny_model_dir), "--methods", "es_full,grpo", "--curve-budgets", "64"]
     two, one = tmp_path / "two", tmp_path / "one"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")]), "OMP_NUM_THREADS": "1",
-           "LLM_ENVS_DIST_TIMEOUT": "120"}
-    logs = tmp_path / "logs"
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "--log-dir", str(logs), "--redirects", "3", "-m", "benchmarks.study", *argv(two)],
-                          capture_output=True, text=True, timeout=900, env=env, cwd=ROOT)
-    stderr = "\n".join(p.read_text()[-2000:] for p in sorted(logs.glob("**/stderr.log")))
-    assert done.returncode == 0, stderr
+    on_two_processes(argv(two), tmp_path / "logs")
     study.main(argv(one))
 
     def points(out):
