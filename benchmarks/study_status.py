@@ -11,7 +11,9 @@ time (start-up, the final model's measurements). A run's training seconds are it
 times their median where its log is on this machine (one paused iteration does not decide them
 either), else its record's sum (a fresh clone has the records only). A curve segment from budget b0 to b trains
 (b - b0) / --max-samples times a grid run's training and is measured once. A method with no
-finished run yet is left out of the estimate, and the output says so.
+finished run yet is left out of the estimate, and the output says so. While the grid runs, it
+also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
+mean test pass@1 and reward.
 """
 
 from __future__ import annotations
@@ -108,7 +110,28 @@ def status(cfg: StudyConfig, out: Path) -> str:
         c, n = cost[method], sum(r["method"] == method for r in records)
         lines.append(f"  {LABELS[method]}: runs done {n}, per run (median) {c.train / 60:.1f} min training + "
                      f"{c.other / 60:.1f} min start-up and measuring")
+    if left and records:
+        lines += ["finished settings so far (means over the seeds done; the study selects on validation once "
+                  "the grid is done):", *so_far(cfg, runs, records)]
     return "\n".join(lines)
+
+
+def so_far(cfg: StudyConfig, runs: list, records: list[dict]) -> list[str]:
+    """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
+    their mean test pass@1 and reward (greedy); methods in the study's order, settings in the grid's."""
+    grid = {(r.method, r.setting): i for i, r in reversed(list(enumerate(runs)))}  # first place in the plan
+    by_setting: dict[tuple[str, str], list[dict]] = {}
+    for r in sorted(records, key=lambda r: (cfg.method_list.index(r["method"]), grid[r["method"], r["setting"]],
+                                            r["seed"])):
+        by_setting.setdefault((r["method"], r["setting"]), []).append(r)
+    lines = []
+    for (method, setting), rs in by_setting.items():
+        def mean(part: str, key: str) -> float:
+            return statistics.fmean(r[part][key] for r in rs)
+        lines.append(f"  {LABELS[method]} {setting}, seeds {', '.join(str(r['seed']) for r in rs)}: validation "
+                     f"pass@1 {mean('validation', 'eval_pass@1'):.3f}; test pass@1 {mean('greedy', 'pass@1'):.3f}, "
+                     f"reward {mean('greedy', 'reward_mean'):.3f}")
+    return lines
 
 
 def progress(path: Path) -> str:

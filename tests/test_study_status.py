@@ -10,10 +10,11 @@ from benchmarks.study_config import StudyConfig
 from benchmarks.study_plan import plan
 
 
-def write_record(run, train_s: float, wall_s: float) -> None:
+def write_record(run, train_s: float, wall_s: float, val: float = 0.5, test: float = 0.5) -> None:
     run.path.mkdir(parents=True)
     record = {"method": run.method, "setting": run.setting, "seed": run.seed,
-              "validation": {"seconds": train_s}, "wall_seconds": wall_s}
+              "validation": {"seconds": train_s, "eval_pass@1": val}, "wall_seconds": wall_s,
+              "greedy": {"pass@1": test, "reward_mean": test + 0.01}}
     (run.path / "study_record.json").write_text(json.dumps(record))
 
 
@@ -87,3 +88,26 @@ def test_no_study_and_no_out_are_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit):
         study_status.main(["--env", "Conciseness-v0"])
     assert "error: --out: the study's directory" in capsys.readouterr().err
+
+
+def test_the_finished_settings_numbers_so_far_while_the_grid_runs(tmp_path):
+    """Each setting with a finished run: its seeds and their means, in the study's method order;
+    once the grid is done the study's own tables take over, and the block goes."""
+    cfg = StudyConfig(env="Conciseness-v0", methods="ppo,grpo", lrs="1e-5,1e-6", betas="0", seeds=2, max_samples=512)
+    (tmp_path / "study.json").write_text("{}")
+    runs = {(r.method, r.setting, r.seed): r for r in plan(cfg, tmp_path)}
+    write_record(runs["grpo", "beta=0_lr=1e-05", 0], 60, 90, val=0.6, test=0.5)
+    write_record(runs["grpo", "beta=0_lr=1e-05", 1], 60, 90, val=0.8, test=0.7)
+    write_record(runs["ppo", "beta=0_lr=1e-06", 1], 60, 90, val=0.4, test=0.3)
+    write_record(runs["ppo", "beta=0_lr=1e-05", 0], 60, 90, val=0.2, test=0.1)
+    lines = study_status.status(cfg, tmp_path).splitlines()
+    start = lines.index("finished settings so far (means over the seeds done; the study selects on validation "
+                        "once the grid is done):")
+    assert lines[start + 1:] == [  # the grid's order of lr (1e-5, then 1e-6), not the text's
+        "  PPO beta=0_lr=1e-05, seeds 0: validation pass@1 0.200; test pass@1 0.100, reward 0.110",
+        "  PPO beta=0_lr=1e-06, seeds 1: validation pass@1 0.400; test pass@1 0.300, reward 0.310",
+        "  GRPO beta=0_lr=1e-05, seeds 0, 1: validation pass@1 0.700; test pass@1 0.600, reward 0.610"]
+    for key, run in runs.items():
+        if not (run.path / "study_record.json").is_file():
+            write_record(run, 60, 90)
+    assert "finished settings so far" not in study_status.status(cfg, tmp_path)
