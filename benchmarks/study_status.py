@@ -27,7 +27,7 @@ from pathlib import Path
 from benchmarks.study_config import LABELS, StudyConfig
 from benchmarks.study_curves import RECORD as CURVE_RECORD
 from benchmarks.study_curves import budgets
-from benchmarks.study_plan import plan
+from benchmarks.study_plan import Run, plan
 from benchmarks.study_run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
 from trainers.common.run_dir import read_jsonl
@@ -116,7 +116,7 @@ def status(cfg: StudyConfig, out: Path) -> str:
     return "\n".join(lines)
 
 
-def so_far(cfg: StudyConfig, runs: list, records: list[dict]) -> list[str]:
+def so_far(cfg: StudyConfig, runs: list[Run], records: list[dict]) -> list[str]:
     """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
     their mean test pass@1 and reward (greedy); methods in the study's order, settings in the grid's."""
     grid = {(r.method, r.setting): i for i, r in reversed(list(enumerate(runs)))}  # first place in the plan
