@@ -112,20 +112,22 @@ def status(cfg: StudyConfig, out: Path) -> str:
                      f"{c.other / 60:.1f} min start-up and measuring")
     if left and records:
         lines += ["finished settings so far (means over the seeds done; the study selects on validation once "
-                  "the grid is done):", *so_far(cfg, runs, records)]
+                  "the grid is done):", *so_far(runs, records)]
     return "\n".join(lines)
 
 
-def so_far(cfg: StudyConfig, runs: list[Run], records: list[dict]) -> list[str]:
+def so_far(runs: list[Run], records: list[dict]) -> list[str]:
     """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
-    their mean test pass@1 and reward (greedy); methods in the study's order, settings in the grid's."""
-    grid = {(r.method, r.setting): i for i, r in reversed(list(enumerate(runs)))}  # first place in the plan
-    by_setting: dict[tuple[str, str], list[dict]] = {}
-    for r in sorted(records, key=lambda r: (cfg.method_list.index(r["method"]), grid[r["method"], r["setting"]],
-                                            r["seed"])):
-        by_setting.setdefault((r["method"], r["setting"]), []).append(r)
+    their mean test pass@1 and reward (greedy); in the plan's order (the study's methods, each
+    method's settings in the grid's order)."""
+    by_setting: dict[tuple[str, str], list[dict]] = {(r.method, r.setting): [] for r in runs}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        by_setting[r["method"], r["setting"]].append(r)
     lines = []
     for (method, setting), rs in by_setting.items():
+        if not rs:
+            continue
+
         def mean(part: str, key: str) -> float:
             return statistics.fmean(r[part][key] for r in rs)
         lines.append(f"  {LABELS[method]} {setting}, seeds {', '.join(str(r['seed']) for r in rs)}: validation "

@@ -107,7 +107,7 @@ def test_the_finished_settings_numbers_so_far_while_the_grid_runs(tmp_path):
         "  PPO beta=0_lr=1e-05, seeds 0: validation pass@1 0.200; test pass@1 0.100, reward 0.110",
         "  PPO beta=0_lr=1e-06, seeds 1: validation pass@1 0.400; test pass@1 0.300, reward 0.310",
         "  GRPO beta=0_lr=1e-05, seeds 0, 1: validation pass@1 0.700; test pass@1 0.600, reward 0.610"]
-    for key, run in runs.items():
+    for run in runs.values():
         if not (run.path / "study_record.json").is_file():
             write_record(run, 60, 90)
     assert "finished settings so far" not in study_status.status(cfg, tmp_path)
