@@ -158,7 +158,7 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
     write_report(cfg, out, records, base, select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"))
     if points:
-        write_curves(cfg, out, points, base)
+        write_curves(cfg, out, points, base, records)
     return out
 
 

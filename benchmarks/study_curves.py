@@ -9,7 +9,7 @@ for the grid's runs.
 
 The first segment retrains what the grid's run of that setting trained (its weights were deleted
 once measured), so the curve's first point must repeat the grid's numbers: a check that the
-curve continues the run the tables report.
+curve continues the run the tables report (``learning_curve.md`` counts the points that do).
 
 Writes ``OUT/curves/METHOD/SETTING/seed=S/curve_record.json`` (one point per budget, kept as each
 lands, so a killed study resumes at the next budget) with ``completions-B.jsonl.gz`` beside it,
@@ -131,8 +131,22 @@ def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chose
     hparams = {(r["method"], r["setting"]): r["hparams"] for r in records}
     points = [p for run in curve_runs(cfg, out, chosen, hparams) for p in extend(cfg, run, prompts, validation, cache)]
     if distributed.init().is_main:
-        write_curves(cfg, out, points, base)
+        write_curves(cfg, out, points, base, records)
     return points
+
+
+def repeats_grid(points: list[dict[str, Any]], records: list[dict[str, Any]], budget: int) -> str:
+    """Whether the curve's first points (``budget`` = --max-samples) repeat the grid's runs they retrain:
+    the count of points whose greedy test reward equals their grid run's, and any that differ."""
+    def key(x: dict[str, Any]) -> tuple[str, str, int]:
+        return x["method"], x["setting"], x["seed"]
+
+    grid = {key(r): r["greedy"]["reward_mean"] for r in records}
+    first = [p for p in points if p["budget"] == budget and key(p) in grid]
+    differ = [f"{p['label']} seed {p['seed']}: {p['greedy']['reward_mean']:.4f} against the grid's {grid[key(p)]:.4f}"
+              for p in first if abs(p["greedy"]["reward_mean"] - grid[key(p)]) > 1e-6]
+    return (f"At {budget} responses each curve retrains its grid run: {len(first) - len(differ)} of {len(first)} "
+            f"points repeat the grid's test reward" + (f"; these differ: {'; '.join(differ)}" if differ else "") + ".")
 
 
 def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], out: Path) -> Study:
@@ -166,9 +180,10 @@ def cpu_cell(total: float | None, runs: int) -> str:
     return "–" if total is None else f"{total / runs:.0f}"
 
 
-def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any]) -> None:
-    """``learning_curve.md`` (a row per method and budget, and claim 1 per budget), ``learning_curve.png``
-    and ``curves.json``."""
+def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any],
+                 records: list[dict[str, Any]]) -> None:
+    """``learning_curve.md`` (a row per method and budget, claim 1 per budget, and whether the first budget
+    repeats the grid's runs of ``records``), ``learning_curve.png`` and ``curves.json``."""
     table = Table(f"Learning curves: {base['greedy']['env']} ({cfg.eval_split}), each method's selected setting, "
                   f"mean ± sample std over seeds",
                   ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
@@ -193,7 +208,8 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                    f"holds at this budget and its test measurements so far, mean over seeds (the first segment "
                    f"retrains what the grid's run trained): what each method's curve costs. CPU s: the same, in "
                    f"process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another job sharing "
-                   f"the CPU barely changes, unlike wall seconds.", *verdicts]
+                   f"the CPU barely changes, unlike wall seconds.",
+                   repeats_grid(points, records, budgets(cfg)[0]), *verdicts]
     (out / "learning_curve.md").write_text(render([table]))
     plot_curves(cfg, points, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts},

@@ -40,6 +40,7 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
         assert p["greedy"]["reward_mean"] == pytest.approx(grid[p["method"]]["greedy"]["reward_mean"], abs=1e-6)
         assert p["validation"]["eval_reward"] == pytest.approx(grid[p["method"]]["validation"]["eval_reward"], abs=1e-6)
     text = (out / "learning_curve.md").read_text()
+    assert "At 16 responses each curve retrains its grid run: 2 of 2 points repeat the grid's test reward." in text
     assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
     es_rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ES (full-rank) |")]
     assert all(float(row[-1]) >= 0 and float(row[-2]) >= 0 for row in es_rows)  # wall and CPU s per run: numbers
@@ -52,6 +53,18 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     assert evidence.main([str(out)]).count("(curve)") == 2 * 3 * 2  # 2 methods x 3 budgets x (greedy, kl)
     evidence.main([str(out), "--rescore", str(tmp_path / "rescored")])
     assert (tmp_path / "rescored" / "learning_curve.md").read_text() == text
+
+
+def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
+    def point(method, seed, reward, budget=512):
+        return {"method": method, "label": method.upper(), "setting": "s", "seed": seed, "budget": budget,
+                "greedy": {"reward_mean": reward}}
+
+    records = [point("es", 0, 0.5), point("ppo", 0, 0.7)]  # the grid's runs
+    points = [point("es", 0, 0.5), point("ppo", 0, 0.65), point("ppo", 0, 0.9, budget=1024)]
+    line = study_curves.repeats_grid(points, records, 512)
+    assert line.startswith("At 512 responses each curve retrains its grid run: 1 of 2 points repeat")
+    assert "PPO seed 0: 0.6500 against the grid's 0.7000" in line and "ES seed" not in line
 
 
 def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):
