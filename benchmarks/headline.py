@@ -101,8 +101,8 @@ def headline(studies: list[Study]) -> str:
 
 
 def curve_lines(studies: list[Study]) -> list[str]:
-    """Each study's learning curves (``--curve-budgets``), where it has them: the figure and claim 1's
-    verdict at each budget."""
+    """Each study's learning curves (``--curve-budgets``), where it has them: the figure, claim 1's
+    verdict at each budget, whether ES catches up, and whether the first budget repeats the grid."""
     out = []
     for s in studies:
         file = s.path / "curves.json"
@@ -110,7 +110,8 @@ def curve_lines(studies: list[Study]) -> list[str]:
             curves = json.loads(file.read_text())
             out += ["", f"**Learning curves, {s.env}** ([learning_curve.md]({s.path}/learning_curve.md)):", "",
                     f"![{s.env}: learning curves]({s.path}/learning_curve.png)", "",
-                    *(f"- {line}" for line in curves["verdicts"])]
+                    *(f"- {line}" for line in curves["verdicts"]),
+                    *(f"- {curves[key]}" for key in ("catch_up", "repeats_grid") if curves.get(key))]
     return out
 
 

@@ -14,7 +14,9 @@ curve continues the run the tables report (``learning_curve.md`` counts the poin
 Writes ``OUT/curves/METHOD/SETTING/seed=S/curve_record.json`` (one point per budget, kept as each
 lands, so a killed study resumes at the next budget) with ``completions-B.jsonl.gz`` beside it,
 and ``learning_curve.md`` / ``learning_curve.png`` / ``curves.json``: test reward and pass@1 against
-training responses (mean ± std over seeds, one line per method) and claim 1's verdict per budget.
+training responses (mean ± std over seeds, one line per method), claim 1's verdict per budget, and
+whether ES catches up: the best ES method at the last budget against the best RL method at the first,
+with what each cost in CPU seconds.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from benchmarks.study_plan import Run, evaluations, per_step, resume_argv, train
 from benchmarks.study_record import brief, commit, final_evaluation, keep_completions, validation_result
 from benchmarks.study_report import pm
 from benchmarks.study_run import measure
-from benchmarks.verdicts import Study, claim_budget
+from benchmarks.verdicts import ES, SIGNIFICANT, Study, claim_budget, permutation_p
 from eval.table import Table, render
 from trainers.common import distributed
 from trainers.common.config import ConfigError
@@ -176,14 +178,52 @@ def cumulative(points: list[dict[str, Any]], method: str, budget: int, cpu: bool
     return sum(trained) + sum(measured)
 
 
+def catch_up(points: list[dict[str, Any]], first: int, last: int) -> str | None:
+    """Does ES catch up with more budget: the best ES method at ``last`` responses against the best RL
+    method at ``first`` (best by mean test reward), by the exact permutation test over seeds that the
+    claims use, with each side's CPU seconds per run to there and every method's gain from ``first``
+    to ``last``. None where either side has no points at its budget."""
+    def rewards(method: str, budget: int) -> list[float]:
+        return [p["greedy"]["reward_mean"] for p in points if p["method"] == method and p["budget"] == budget]
+
+    def mean(values: list[float]) -> float:
+        return sum(values) / len(values)
+
+    labels = {p["method"]: p["label"] for p in points}
+    es = [m for m in labels if m in ES and rewards(m, last)]
+    rl = [m for m in labels if m not in ES and rewards(m, first)]
+    if not es or not rl or first == last:
+        return None
+    e = max(es, key=lambda m: mean(rewards(m, last)))
+    r = max(rl, key=lambda m: mean(rewards(m, first)))
+    a, b = rewards(e, last), rewards(r, first)
+    p = permutation_p(a, b)
+    if p >= SIGNIFICANT:
+        verdict = f"not shown: {'ES' if mean(a) > mean(b) else 'RL'} ahead within seed noise (p = {p:.3f})"
+    elif mean(a) > mean(b):
+        verdict = f"yes: ES ahead (p = {p:.3f})"
+    else:
+        verdict = f"no: RL at {first} still ahead (p = {p:.3f})"
+
+    def side(method: str, budget: int, values: list[float]) -> str:
+        cpu = cumulative(points, method, budget, cpu=True)
+        cost = "" if cpu is None else f", {cpu / len(values):.0f} CPU s per run"
+        return f"{labels[method]} at {budget} responses {pm(values, 3)}{cost}"
+
+    gains = ", ".join(f"{labels[m]} {mean(rewards(m, last)) - mean(rewards(m, first)):+.3f}"
+                      for m in labels if rewards(m, first) and rewards(m, last))
+    return (f"Does ES catch up with {last // first}x the budget? {side(e, last, a)} against {side(r, first, b)}: "
+            f"{verdict}. Mean test reward gained from {first} to {last} responses: {gains}.")
+
+
 def cpu_cell(total: float | None, runs: int) -> str:
     return "–" if total is None else f"{total / runs:.0f}"
 
 
 def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base: dict[str, Any],
                  records: list[dict[str, Any]]) -> None:
-    """``learning_curve.md`` (a row per method and budget, claim 1 per budget, and whether the first budget
-    repeats the grid's runs of ``records``), ``learning_curve.png`` and ``curves.json``."""
+    """``learning_curve.md`` (a row per method and budget, claim 1 per budget, whether the first budget
+    repeats the grid's runs of ``records``, and whether ES catches up), ``learning_curve.png`` and ``curves.json``."""
     table = Table(f"Learning curves: {base['greedy']['env']} ({cfg.eval_split}), each method's selected setting, "
                   f"mean ± sample std over seeds",
                   ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
@@ -199,6 +239,8 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                                pm([p["greedy"]["reward_mean"] for p in at], 3),
                                f"{cumulative(points, method, budget) / len(at):.0f}",
                                cpu_cell(cumulative(points, method, budget, cpu=True), len(at))])
+    repeats = repeats_grid(points, records, budgets(cfg)[0])
+    caught = catch_up(points, budgets(cfg)[0], budgets(cfg)[-1])
     verdicts = []
     for budget in budgets(cfg):
         verdict, numbers = claim_budget(study_at(budget, points, base, out))
@@ -209,10 +251,11 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                    f"retrains what the grid's run trained): what each method's curve costs. CPU s: the same, in "
                    f"process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another job sharing "
                    f"the CPU barely changes, unlike wall seconds.",
-                   repeats_grid(points, records, budgets(cfg)[0]), *verdicts]
+                   repeats, *verdicts, *([caught] if caught else [])]
     (out / "learning_curve.md").write_text(render([table]))
     plot_curves(cfg, points, base, out / "learning_curve.png")
-    atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts},
+    atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts,
+                                                  "repeats_grid": repeats, "catch_up": caught},
                                                  indent=1) + "\n")
 
 

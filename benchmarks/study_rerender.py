@@ -1,6 +1,7 @@
 """Re-render a finished study: every table, figure and ``results.json`` of ``benchmarks.study``
-written again from the study's saved ``results.json``, with the current report code (no run is
-trained or measured; settings are selected again by ``benchmarks.study_record.select``).
+written again from the study's saved ``results.json`` (and its learning curves from ``curves.json``),
+with the current report code (no run is trained or measured; settings are selected again by
+``benchmarks.study_record.select``).
 
     python -m benchmarks.study_rerender docs/study-conciseness
 """
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 from benchmarks.study_config import StudyConfig
+from benchmarks.study_curves import write_curves
 from benchmarks.study_record import select
 from benchmarks.study_report import write_report
 from trainers.common.config import ConfigError, Parser, fail
@@ -34,6 +36,9 @@ def rerender(out: Path) -> None:
     write_report(cfg, out, records, results["base"], select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"),
                  config_record=results["config"])  # what the study ran with, not today's fields and defaults
+    curves = out / "curves.json"
+    if curves.is_file():
+        write_curves(cfg, out, json.loads(curves.read_text())["points"], results["base"], records)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -44,7 +49,9 @@ def main(argv: list[str] | None = None) -> None:
         rerender(Path(args.study_dir))
     except (ConfigError, OSError, KeyError, TypeError) as exc:
         fail(f"{args.study_dir}: cannot re-render ({type(exc).__name__}: {exc})")
-    print(f"re-rendered {args.study_dir}: table1.md, table2.md, runs.md, seed_variance.md, figures, results.json")
+    curves = ", learning_curve.md, curves.json" if (Path(args.study_dir) / "curves.json").is_file() else ""
+    print(f"re-rendered {args.study_dir}: table1.md, table2.md, runs.md, seed_variance.md, figures, results.json"
+          f"{curves}")
 
 
 if __name__ == "__main__":

@@ -174,3 +174,9 @@ def test_a_study_with_learning_curves_shows_its_figure_and_each_budgets_verdict(
     text = headline.headline([s])
     assert f"![Toy-v0: learning curves]({tmp_path}/learning_curve.png)" in text
     assert "- Claim 1 at 2048 responses: not shown. y." in text
+    assert "catch up" not in text  # a curves.json from before these lines still renders
+    (tmp_path / "curves.json").write_text(json.dumps({"budgets": [512, 2048], "points": [], "verdicts": verdicts,
+                                                      "catch_up": "Does ES catch up with 4x the budget? no.",
+                                                      "repeats_grid": "At 512 responses ... 2 of 2 points repeat."}))
+    text = headline.headline([s])
+    assert "- Does ES catch up with 4x the budget? no.\n- At 512 responses ... 2 of 2 points repeat." in text

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks import study, study_curves
+from benchmarks import study, study_curves, study_rerender
 
 
 def curve_argv(out, model_dir, *extra: str) -> list[str]:
@@ -42,6 +42,8 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     text = (out / "learning_curve.md").read_text()
     assert "At 16 responses each curve retrains its grid run: 2 of 2 points repeat the grid's test reward." in text
     assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
+    assert "Does ES catch up with 3x the budget? ES (full-rank) at 48 responses" in text
+    assert curves["catch_up"] in text and curves["repeats_grid"] in text
     es_rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ES (full-rank) |")]
     assert all(float(row[-1]) >= 0 and float(row[-2]) >= 0 for row in es_rows)  # wall and CPU s per run: numbers
     assert (out / "learning_curve.png").stat().st_size > 0
@@ -53,6 +55,11 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     assert evidence.main([str(out)]).count("(curve)") == 2 * 3 * 2  # 2 methods x 3 budgets x (greedy, kl)
     evidence.main([str(out), "--rescore", str(tmp_path / "rescored")])
     assert (tmp_path / "rescored" / "learning_curve.md").read_text() == text
+    # and re-rendered in place from curves.json, as the study wrote them
+    before = (out / "curves.json").read_text()
+    (out / "learning_curve.md").write_text("stale")
+    study_rerender.main([str(out)])
+    assert (out / "learning_curve.md").read_text() == text and (out / "curves.json").read_text() == before
 
 
 def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
@@ -65,6 +72,32 @@ def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
     line = study_curves.repeats_grid(points, records, 512)
     assert line.startswith("At 512 responses each curve retrains its grid run: 1 of 2 points repeat")
     assert "PPO seed 0: 0.6500 against the grid's 0.7000" in line and "ES seed" not in line
+
+
+def test_whether_es_catches_up_compares_es_at_the_last_budget_with_rl_at_the_first():
+    def points(es_last, rl_first, first=512, last=2048):
+        out = []
+        for seed in range(4):
+            for method, label, rewards in (("es_lowrank", "ES (low-rank)", (0.5, es_last)),
+                                           ("es_full", "ES (full-rank)", (0.4, 0.45)),
+                                           ("grpo", "GRPO", (rl_first, 0.9)), ("ppo", "PPO", (0.3, 0.3))):
+                for budget, reward in zip((first, last), rewards):
+                    out.append({"method": method, "label": label, "seed": seed, "budget": budget,
+                                "greedy": {"reward_mean": reward + 0.01 * seed},
+                                "validation": {"cpu_seconds": 100.0 * budget / first}, "measure_cpu_seconds": 10.0})
+        return out
+
+    line = study_curves.catch_up(points(es_last=0.6, rl_first=0.7), 512, 2048)
+    assert line.startswith("Does ES catch up with 4x the budget? ES (low-rank) at 2048 responses 0.615 ± 0.013, "
+                           "420 CPU s per run against GRPO at 512 responses 0.715 ± 0.013, 110 CPU s per run: "
+                           "no: RL at 512 still ahead (p = 0.029).")
+    assert "ES (low-rank) +0.100, ES (full-rank) +0.050, GRPO +0.200, PPO +0.000." in line
+    assert "yes: ES ahead (p = 0.029)" in study_curves.catch_up(points(es_last=0.8, rl_first=0.7), 512, 2048)
+    noisy = points(es_last=0.7, rl_first=0.7)
+    noisy[0]["greedy"]["reward_mean"] = 0.5  # a seed apart: no side is ahead beyond the seeds' spread
+    assert ": not shown: " in study_curves.catch_up(noisy, 512, 2048)
+    assert study_curves.catch_up([p for p in noisy if p["method"].startswith("es")], 512, 2048) is None  # no RL
+    assert study_curves.catch_up(noisy, 512, 512) is None
 
 
 def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):
