@@ -199,7 +199,7 @@ def catch_up(points: list[dict[str, Any]], first: int, last: int) -> str | None:
     a, b = rewards(e, last), rewards(r, first)
     p = permutation_p(a, b)
     if p >= SIGNIFICANT:
-        verdict = f"not shown: {'ES' if mean(a) > mean(b) else 'RL'} ahead within seed noise (p = {p:.3f})"
+        verdict = f"not shown: ES - RL = {mean(a) - mean(b):+.3f}, within seed noise (p = {p:.3f})"
     elif mean(a) > mean(b):
         verdict = f"yes: ES ahead (p = {p:.3f})"
     else:
