@@ -33,6 +33,7 @@ from benchmarks.study_record import brief, commit, final_evaluation, keep_comple
 from benchmarks.study_report import pm
 from benchmarks.study_run import measure
 from benchmarks.verdicts import ES, SIGNIFICANT, Study, claim_budget, permutation_p
+from eval.passk import mean_std
 from eval.table import Table, render
 from trainers.common import distributed
 from trainers.common.config import ConfigError
@@ -187,7 +188,7 @@ def catch_up(points: list[dict[str, Any]], first: int, last: int) -> str | None:
         return [p["greedy"]["reward_mean"] for p in points if p["method"] == method and p["budget"] == budget]
 
     def mean(values: list[float]) -> float:
-        return sum(values) / len(values)
+        return mean_std(values)[0]
 
     labels = {p["method"]: p["label"] for p in points}
     es = [m for m in labels if m in ES and rewards(m, last)]
@@ -265,8 +266,6 @@ def plot_curves(cfg: StudyConfig, points: list[dict[str, Any]], base: dict[str, 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    from eval.passk import mean_std
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 4))
     for ax, (name, value) in zip(axes, (("test reward", lambda p: p["greedy"]["reward_mean"]),
