@@ -29,7 +29,8 @@ from typing import Any
 
 from benchmarks.study_config import LABELS, StudyConfig
 from benchmarks.study_plan import Run, evaluations, per_step, resume_argv, trainer_argv, trainer_of
-from benchmarks.study_record import brief, commit, final_evaluation, keep_completions, validation_result
+from benchmarks.study_record import (brief, commit, final_evaluation, keep_completions, training_machines,
+                                     validation_result)
 from benchmarks.study_report import pm
 from benchmarks.study_run import measure
 from benchmarks.verdicts import ES, SIGNIFICANT, Study, claim_budget, permutation_p
@@ -107,7 +108,7 @@ def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cach
             dist.wait_for_main()  # while process 0 measures the segment's model and writes its point
             continue
         point = {"method": run.method, "label": run.label, "setting": run.setting, "seed": run.seed,
-                 "budget": budget, "validation": validation_result(run)}
+                 "budget": budget, "validation": validation_result(run), "machines": training_machines(run)}
         measuring, measuring_cpu = time.perf_counter(), time.process_time()
         measured = {name: measure(cfg, str(run.path), run.label, run.path / "eval" / f"b{budget}" / name, options,
                                   cache) for name, options in evaluations(cfg)}
@@ -150,6 +151,22 @@ def repeats_grid(points: list[dict[str, Any]], records: list[dict[str, Any]], bu
               for p in first if abs(p["greedy"]["reward_mean"] - grid[key(p)]) > 1e-6]
     return (f"At {budget} responses each curve retrains its grid run: {len(first) - len(differ)} of {len(first)} "
             f"points repeat the grid's test reward" + (f"; these differ: {'; '.join(differ)}" if differ else "") + ".")
+
+
+def machines_note(points: list[dict[str, Any]]) -> str:
+    """Which machines trained the curve's points, counted, since seconds compare only within one machine
+    (a point records every machine its run trained on by then; points from before that was recorded: none)."""
+    from trainers.common.hardware import describe_line
+
+    counts: dict[str, int] = {}
+    for p in points:
+        seen = p.get("machines")
+        line = " and ".join(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in seen) \
+            if seen else "not recorded"
+        counts[line] = counts.get(line, 0) + 1
+    where = "; ".join(f"{line}: {n} point{'s' * (n != 1)}" for line, n in counts.items())
+    caveat = " (seconds per run then average over machines)" if len(counts) > 1 else ""
+    return f"Machines that trained the points{caveat}: {where}."
 
 
 def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], out: Path) -> Study:
@@ -252,7 +269,7 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                    f"retrains what the grid's run trained): what each method's curve costs. CPU s: the same, in "
                    f"process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another job sharing "
                    f"the CPU barely changes, unlike wall seconds.",
-                   repeats, *verdicts, *([caught] if caught else [])]
+                   machines_note(points), repeats, *verdicts, *([caught] if caught else [])]
     (out / "learning_curve.md").write_text(render([table]))
     plot_curves(cfg, points, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts,

@@ -33,6 +33,7 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     for p in points:
         assert p["validation"]["samples"] == p["budget"] and p["greedy"]["split"] == "test" and "kl" in p
         assert p["validation"]["cpu_seconds"] > 0 and p["measure_cpu_seconds"] > 0  # what each point cost
+        assert p["machines"] and p["machines"][0]["cpu"]  # and where, since seconds compare within one machine
         assert (out / "curves" / p["method"] / p["setting"] / "seed=0" / f"completions-{p['budget']}.jsonl.gz").is_file()
     # the first point continues the run the tables report: the grid's numbers again
     grid = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
@@ -41,6 +42,7 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
         assert p["validation"]["eval_reward"] == pytest.approx(grid[p["method"]]["validation"]["eval_reward"], abs=1e-6)
     text = (out / "learning_curve.md").read_text()
     assert "At 16 responses each curve retrains its grid run: 2 of 2 points repeat the grid's test reward." in text
+    assert "Machines that trained the points: CPU " in text and ": 6 points." in text
     assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
     assert "Does ES catch up with 3x the budget? ES (full-rank) at 48 responses" in text
     assert curves["catch_up"] in text and curves["repeats_grid"] in text
@@ -72,6 +74,16 @@ def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
     line = study_curves.repeats_grid(points, records, 512)
     assert line.startswith("At 512 responses each curve retrains its grid run: 1 of 2 points repeat")
     assert "PPO seed 0: 0.6500 against the grid's 0.7000" in line and "ES seed" not in line
+
+
+def test_the_machines_note_counts_points_per_machine_and_warns_when_they_mix():
+    zen4 = {"cpu": "AMD EPYC", "cpu_bf16_units": "avx512_bf16", "threads": 2}
+    xeon = {"cpu": "Intel Xeon", "cpu_bf16_units": "amx_bf16", "threads": 2}
+    one = study_curves.machines_note([{"machines": [zen4]}, {"machines": [zen4]}])
+    assert one == "Machines that trained the points: CPU AMD EPYC (bf16 units: avx512_bf16): 2 points."
+    mixed = study_curves.machines_note([{}, {"machines": [zen4]}, {"machines": [zen4, xeon]}])
+    assert "(seconds per run then average over machines)" in mixed and "not recorded: 1 point;" in mixed
+    assert "CPU AMD EPYC (bf16 units: avx512_bf16) and CPU Intel Xeon (bf16 units: amx_bf16): 1 point." in mixed
 
 
 def test_whether_es_catches_up_compares_es_at_the_last_budget_with_rl_at_the_first():
