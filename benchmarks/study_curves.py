@@ -139,16 +139,28 @@ def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chose
     return points
 
 
+def machines_line(machines: list[dict[str, Any]]) -> str:
+    """A run's recorded machines (``training_machines``) in one line, without thread counts."""
+    from trainers.common.hardware import describe_line
+
+    return " and ".join(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in machines)
+
+
 def repeats_grid(points: list[dict[str, Any]], records: list[dict[str, Any]], budget: int) -> str:
     """Whether the curve's first points (``budget`` = --max-samples) repeat the grid's runs they retrain:
     the count of points whose greedy test reward equals their grid run's, and any that differ."""
     def key(x: dict[str, Any]) -> tuple[str, str, int]:
         return x["method"], x["setting"], x["seed"]
 
-    grid = {key(r): r["greedy"]["reward_mean"] for r in records}
+    def why(p: dict[str, Any], r: dict[str, Any]) -> str:  # bf16 kernels differ between CPUs, so do their sums
+        mp, mr = (machines_line(x.get("machines") or []) for x in (p, r))
+        return f" (trained on {mp}, the grid's run on {mr})" if mp and mr and mp != mr else ""
+
+    grid = {key(r): r for r in records}
     first = [p for p in points if p["budget"] == budget and key(p) in grid]
-    differ = [f"{p['label']} seed {p['seed']}: {p['greedy']['reward_mean']:.4f} against the grid's {grid[key(p)]:.4f}"
-              for p in first if abs(p["greedy"]["reward_mean"] - grid[key(p)]) > 1e-6]
+    differ = [f"{p['label']} seed {p['seed']}: {p['greedy']['reward_mean']:.4f} against the grid's "
+              f"{grid[key(p)]['greedy']['reward_mean']:.4f}{why(p, grid[key(p)])}"
+              for p in first if abs(p["greedy"]["reward_mean"] - grid[key(p)]["greedy"]["reward_mean"]) > 1e-6]
     return (f"At {budget} responses each curve retrains its grid run: {len(first) - len(differ)} of {len(first)} "
             f"points repeat the grid's test reward" + (f"; these differ: {'; '.join(differ)}" if differ else "") + ".")
 
@@ -156,13 +168,9 @@ def repeats_grid(points: list[dict[str, Any]], records: list[dict[str, Any]], bu
 def machines_note(points: list[dict[str, Any]]) -> str:
     """Which machines trained the curve's points, counted, since seconds compare only within one machine
     (a point records every machine its run trained on by then; points from before that was recorded: none)."""
-    from trainers.common.hardware import describe_line
-
     counts: dict[str, int] = {}
     for p in points:
-        seen = p.get("machines")
-        line = " and ".join(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in seen) \
-            if seen else "not recorded"
+        line = machines_line(p["machines"]) if p.get("machines") else "not recorded"
         counts[line] = counts.get(line, 0) + 1
     where = "; ".join(f"{line}: {n} point{'s' * (n != 1)}" for line, n in counts.items())
     caveat = " (seconds per run then average over machines)" if len(counts) > 1 else ""

@@ -73,7 +73,14 @@ def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
     points = [point("es", 0, 0.5), point("ppo", 0, 0.65), point("ppo", 0, 0.9, budget=1024)]
     line = study_curves.repeats_grid(points, records, 512)
     assert line.startswith("At 512 responses each curve retrains its grid run: 1 of 2 points repeat")
-    assert "PPO seed 0: 0.6500 against the grid's 0.7000" in line and "ES seed" not in line
+    assert "PPO seed 0: 0.6500 against the grid's 0.7000." in line and "ES seed" not in line
+    # a point trained on another CPU than its grid run says so: bf16 sums differ between CPUs' kernels
+    zen4, xeon = ({"cpu": cpu, "cpu_bf16_units": units, "threads": 2}
+                  for cpu, units in (("AMD EPYC", "avx512_bf16"), ("Intel Xeon", "amx")))
+    records[1]["machines"], points[1]["machines"] = [zen4], [xeon]
+    line = study_curves.repeats_grid(points, records, 512)
+    assert ("PPO seed 0: 0.6500 against the grid's 0.7000 (trained on CPU Intel Xeon (bf16 units: amx), "
+            "the grid's run on CPU AMD EPYC (bf16 units: avx512_bf16)).") in line
 
 
 def test_the_machines_note_counts_points_per_machine_and_warns_when_they_mix():
