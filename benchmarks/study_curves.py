@@ -31,7 +31,7 @@ from benchmarks.study_config import LABELS, StudyConfig
 from benchmarks.study_plan import Run, evaluations, per_step, resume_argv, trainer_argv, trainer_of
 from benchmarks.study_record import (brief, commit, final_evaluation, keep_completions, training_machines,
                                      validation_result)
-from benchmarks.study_report import pm
+from benchmarks.study_report import machine_label, pm
 from benchmarks.study_run import measure
 from benchmarks.verdicts import ES, SIGNIFICANT, Study, claim_budget, permutation_p
 from eval.passk import mean_std
@@ -141,9 +141,7 @@ def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chose
 
 def machines_line(machines: list[dict[str, Any]]) -> str:
     """A run's recorded machines (``training_machines``) in one line, without thread counts."""
-    from trainers.common.hardware import describe_line
-
-    return " and ".join(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in machines)
+    return " and ".join(machine_label(m) for m in machines)
 
 
 def repeats_grid(points: list[dict[str, Any]], records: list[dict[str, Any]], budget: int) -> str:

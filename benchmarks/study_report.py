@@ -72,13 +72,19 @@ def shared_prefix_note(records: list[dict[str, Any]]) -> str:
     return f"; RL updates with the shared prefix {'/'.join(used)}" if used else ""
 
 
-def machine_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
-    """The machines the study's times come from (CPU and its bf16 units, GPU), when recorded."""
+def machine_label(machine: dict[str, Any]) -> str:
+    """One recorded machine in words, without its thread count: runs that differ only in threads
+    ran on the same machine."""
     from trainers.common.hardware import describe_line
 
+    return describe_line({k: v for k, v in machine.items() if k != "threads"})
+
+
+def machine_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
+    """The machines the study's times come from (CPU and its bf16 units, GPU), when recorded."""
     summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
     seen = [s["machine"] for s in summaries if s.get("machine")] + [m for r in records for m in r.get("machines") or []]
-    machines = list(dict.fromkeys(describe_line({k: v for k, v in m.items() if k != "threads"}) for m in seen))
+    machines = list(dict.fromkeys(machine_label(m) for m in seen))
     return f"; machine: {', '.join(machines)}" if machines else ""
 
 
