@@ -3,6 +3,7 @@
     python -m benchmarks.gpu_speed                       # on a GPU: every row below, < 8 minutes
     python -m benchmarks.gpu_speed --out runs/gpu-speed.md
     python -m benchmarks.gpu_speed --smoke               # on the CPU, a tiny model: what CI runs
+    python -m benchmarks.gpu_speed --budget 300          # start no row after 300 s (benchmarks.lent_gpu)
 
 Random-init models of the paper's shapes (``configs/arch/``, bf16 weights on CUDA; no model hub):
 
@@ -23,7 +24,10 @@ decode steps x weight bytes / the GPU's bandwidth (``BANDWIDTH``, from the GPU's
 for a GPU not listed) is the least time it can take; the share is that over the measured time (the
 KV cache's reads, the prefill and, for ES and GRPO, scoring and updates are not in the limit, so
 they count against the share). The table goes to ``--out`` (default ``$OUT/gpu_speed.md`` when
-``$OUT`` is set, else ``runs/gpu_speed.md``).
+``$OUT`` is set, else ``runs/gpu_speed.md``), rewritten after every row, so a command stopped at its
+limit still leaves the rows it measured. The rows run in the order of what issue 41 asks first: the
+first model's generation, ES, GRPO, then the other models' generation; with ``--budget`` a row not
+started in time is written as skipped, naming the budget.
 """
 
 from __future__ import annotations
@@ -69,22 +73,45 @@ class Row:
     model: str
     engine: str
     shape: str
-    seconds: float | None  # None: the row failed (``note`` says why)
+    seconds: float | None  # None: the row failed or was skipped (``note`` says why)
     tokens: int = 0
     steps: int = 0  # decode steps the work needs: each reads every weight once
     weight_bytes: int = 0
     note: str = ""
+    skipped: bool = False  # not run: the budget was spent before it started
 
     def line(self, bandwidth: float | None) -> str:
         if self.seconds is None:
-            return f"| {self.what} | {self.model} | {self.engine} | {self.shape} | failed | | | {self.note} |"
+            status = "skipped" if self.skipped else "failed"
+            return f"| {self.what} | {self.model} | {self.engine} | {self.shape} | {status} | | | {self.note} |"
         share = f"{self.steps * self.weight_bytes / (bandwidth * 1e12) / self.seconds:.1%}" if bandwidth else "n/a"
         return (f"| {self.what} | {self.model} | {self.engine} | {self.shape} | {self.seconds:.3f} | "
                 f"{self.tokens / self.seconds:,.0f} | {share} | {self.note} |")
 
 
-def attempt(row: Row, measure) -> Row:
-    """``measure(row)`` fills the row in; a failure becomes a failed row naming the error."""
+class Budget:
+    """Seconds a run may start rows in (``--budget``): a row not started by then is skipped, so the
+    whole command ends near a known time on a GPU lent for minutes. ``None``: no limit."""
+
+    def __init__(self, seconds: float | None):
+        self.seconds, self.start = seconds, time.monotonic()
+
+    def spent(self) -> bool:
+        return self.seconds is not None and time.monotonic() - self.start >= self.seconds
+
+    def reason(self) -> str:
+        return f"skipped: the --budget of {self.seconds:g} s was spent before it started"
+
+
+NO_BUDGET = Budget(None)
+
+
+def attempt(row: Row, measure, budget: Budget = NO_BUDGET) -> Row:
+    """``measure(row)`` fills the row in; a failure becomes a failed row naming the error, and a row
+    whose turn comes after ``budget`` is spent is skipped."""
+    if budget.spent():
+        row.skipped, row.note = True, budget.reason()
+        return row
     try:
         measure(row)
     except Exception as exc:  # one failing row must not cost the whole table
@@ -128,14 +155,18 @@ def graphs_agree(arch: str, device: str, tokens: int) -> str:
     return f"{what} = eager native, greedy, rows identical of {len(rows)} x {tokens} tokens: " + "; ".join(parts)
 
 
-def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int], tokens: int) -> list[Row]:
+def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int], tokens: int,
+                    budget: Budget = NO_BUDGET) -> list[Row]:
     """Tokens/s of hf, native eager and native with graphs (on CPU: the fixed-shape path, no graphs)."""
+    cuda = device == "cuda"
+    names = ["hf", "native eager", "native graphs" if cuda else "native fixed shapes (CPU: no graphs)"]
+    if budget.spent():  # not even the model is built
+        return [attempt(Row("generation", arch, name, f"{n} x {tokens}", None), None, budget)
+                for n in rows for name in names]
     model, tokenizer = gpu_check.build_model(arch, None, device, dtype)
     size = weight_bytes(model, dtype)
-    cuda = device == "cuda"
-    engines = {"hf": lambda: "hf", "native eager": lambda: NativeEngine(model, tokenizer, fixed_shapes=False),
-               "native graphs" if cuda else "native fixed shapes (CPU: no graphs)":
-                   lambda: NativeEngine(model, tokenizer, fixed_shapes=True)}
+    engines = dict(zip(names, (lambda: "hf", lambda: NativeEngine(model, tokenizer, fixed_shapes=False),
+                               lambda: NativeEngine(model, tokenizer, fixed_shapes=True))))
     out = []
     for n in rows:
         for name, build in engines.items():
@@ -146,13 +177,12 @@ def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int],
                 failure = getattr(getattr(engine, "static", None), "failure", None)
                 row.note = f"graph capture failed, ran without: {failure}" if failure else ""
 
-            out.append(attempt(Row("generation", arch, name, f"{n} x {tokens}", None), measure))
-    del model
-    return out
+            out.append(attempt(Row("generation", arch, name, f"{n} x {tokens}", None), measure, budget))
+    return out  # the model goes with this frame
 
 
 def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, population: int, prompts: int,
-            full_population: int, tokens: int, size: int) -> list[Row]:
+            full_population: int, tokens: int, size: int, budget: Budget = NO_BUDGET) -> list[Row]:
     """es_speed's cases lowrank, ceiling (its plain generation) and full, one warm-up iteration each."""
     source = ["--model", str(model_dir)] if model_dir else ["--random-init", arch]
     out = {}
@@ -169,20 +199,27 @@ def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, populati
             row.steps = tokens * (n if case == "full" else 1)  # full rank: one call per member
             row.note = f"generation {r['generation_seconds']:.3f} s"
 
-        out[case] = attempt(Row(what, arch, "native", f"N={n} x {prompts} prompts x {tokens}", None), measure)
+        out[case] = attempt(Row(what, arch, "native", f"N={n} x {prompts} prompts x {tokens}", None), measure,
+                            budget)
     low, plain = out["lowrank"], out["ceiling"]
     if low.seconds and plain.seconds:
         low.note += f"; {plain.seconds / low.seconds:.2f}x plain generation's speed (target >= 0.85)"
     return list(out.values())
 
 
-def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int, group: int, tokens: int,
-              size: int) -> list[Row]:
-    """rl_speed's GRPO step, shared prefix on and off, the second step timed (on its task; on
-    Countdown-v0 where reasoning-gym is not installed)."""
-    import importlib.util
+def importable(module: str) -> bool:
+    try:
+        __import__(module)
+    except Exception:  # not installed, or one of its own imports missing
+        return False
+    return True
 
-    env = () if importlib.util.find_spec("reasoning_gym") else ("--env", "Countdown-v0", "--env-args", "{}")
+
+def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int, group: int, tokens: int,
+              size: int, budget: Budget = NO_BUDGET) -> list[Row]:
+    """rl_speed's GRPO step, shared prefix on and off, the second step timed (on its task; on
+    Countdown-v0 where reasoning-gym does not import: a lent GPU where its pycosat did not build)."""
+    env = () if importable("reasoning_gym") else ("--env", "Countdown-v0", "--env-args", "{}")
     out = []
     for shared in ("on", "off"):
         def measure(row: Row, shared=shared) -> None:
@@ -200,7 +237,7 @@ def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int,
 
         layout = "shared prefix" if shared == "on" else "padded, one row per response"
         out.append(attempt(Row(f"GRPO step, {layout}", arch, "native", f"{prompts} x G={group} x {tokens}", None),
-                           measure))
+                           measure, budget))
     return out
 
 
@@ -283,6 +320,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--grpo-prompts", type=int, default=8)
     parser.add_argument("--group", type=int, default=8, help="GRPO's G")
     parser.add_argument("--bandwidth", type=float, default=None, help="TB/s, for a GPU the module's table lacks")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds after which no row starts (the rest are written as skipped); default: none")
     parser.add_argument("--no-profile", action="store_true",
                         help="skip the profiles of one native call, eager and with graphs (written beside --out)")
     parser.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -290,6 +329,8 @@ def parse(argv: list[str] | None):
     parser.add_argument("--out", type=Path, default=None, help="where the table goes (default: $OUT/gpu_speed.md "
                                                               "when $OUT is set, else runs/gpu_speed.md)")
     args = parser.parse_args(argv)
+    if args.budget is not None and args.budget <= 0:
+        parser.error(f"--budget must be a positive number of seconds, not {args.budget:g}")
     if args.smoke:
         args.device = "cpu"
         for key, value in SMOKE.items():
@@ -319,51 +360,67 @@ def main(argv: list[str] | None = None) -> int:
             "", "| what | model | engine | rows | seconds | tokens/s | % of bandwidth limit | note |",
             "|---|---|---|---|---:|---:|---:|---|"]
     print("\n".join(head), flush=True)
+    out = args.out or default_out()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    budget = Budget(args.budget)
     rows: list[Row] = []
+    notes = {"agree": "", "kernels": ""}  # the lines below the table, as they come
+
+    def write(last: str) -> None:
+        lines = [*head, *(r.line(bandwidth) for r in rows), *(f"\n{n}" for n in notes.values() if n), "", last]
+        out.write_text("\n".join(lines) + "\n")
 
     def report(new: list[Row]) -> None:
         for row in new:
             print(row.line(bandwidth), flush=True)
-        rows.extend(new)
+            rows.append(row)
+            write(f"(partial: {len(rows)} rows after {time.perf_counter() - start:.0f} s; the run goes on)")
 
     try:
-        agree = graphs_agree(args.archs[0], args.device, min(args.tokens, 32))
+        notes["agree"] = graphs_agree(args.archs[0], args.device, min(args.tokens, 32))
     except Exception as exc:  # a check that cannot run says why
-        agree = f"graphed = eager native: failed ({type(exc).__name__}: {exc})"
-    print(agree, flush=True)
-    for arch in args.archs:
-        report(generation_rows(arch, args.device, dtype, args.rows, args.tokens))
+        notes["agree"] = f"graphed = eager native: failed ({type(exc).__name__}: {exc})"
+    print(notes["agree"], flush=True)
+    # what the issue's targets need first: the first model's generation, then ES and GRPO
+    report(generation_rows(args.archs[0], args.device, dtype, args.rows, args.tokens, budget))
+    mode = "auto" if cuda else "fp32"
     with tempfile.TemporaryDirectory() as tmp:
-        model, tokenizer = gpu_check.build_model(args.es_arch, None, args.device, dtype)
-        size = weight_bytes(model, dtype)
-        gpu_check.save_model(model, tokenizer, Path(tmp) / "model")
-        try:
-            kernels = attention_kernels(model)
-        except Exception as exc:  # a probe that cannot run says why
-            kernels = f"SDPA kernels of the GRPO update: probe failed ({type(exc).__name__}: {exc})"
-        print(kernels, flush=True)
-        del model
+        size = 0
+        if budget.spent():
+            notes["kernels"] = f"SDPA kernels of the GRPO update: {budget.reason()}"
+        else:
+            model, tokenizer = gpu_check.build_model(args.es_arch, None, args.device, dtype)
+            size = weight_bytes(model, dtype)
+            gpu_check.save_model(model, tokenizer, Path(tmp) / "model")
+            try:
+                notes["kernels"] = attention_kernels(model)
+            except Exception as exc:  # a probe that cannot run says why
+                notes["kernels"] = f"SDPA kernels of the GRPO update: probe failed ({type(exc).__name__}: {exc})"
+            del model
+        print(notes["kernels"], flush=True)
         local = Path(tmp) / "model" if args.es_arch == "tiny" else None  # es_speed builds paper shapes itself
-        mode = "auto" if cuda else "fp32"
         report(es_rows(args.es_arch, local, args.device, mode, args.population, args.prompts, args.full_population,
-                       args.tokens, size))
+                       args.tokens, size, budget))
         report(grpo_rows(args.es_arch, Path(tmp) / "model", args.device, mode, args.grpo_prompts, args.group,
-                         args.tokens, size))
-    table = [*head, *(r.line(bandwidth) for r in rows), "", agree, "", kernels, "",
-             f"{time.perf_counter() - start:.0f} s in all; the limit: decode steps x weight bytes / bandwidth"]
-    print(table[-1], flush=True)
-    out = args.out or default_out()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(table) + "\n")
+                         args.tokens, size, budget))
+    for arch in args.archs[1:]:
+        report(generation_rows(arch, args.device, dtype, args.rows, args.tokens, budget))
+    last = f"{time.perf_counter() - start:.0f} s in all; the limit: decode steps x weight bytes / bandwidth"
+    print(last, flush=True)
+    write(last)
     print(f"table written to {out}")
-    if not args.no_profile:
+    if args.no_profile:
+        pass
+    elif budget.spent():
+        print(f"profile {budget.reason()}")
+    else:
         where = out.with_name(out.stem + "_profile.txt")
         try:
             where.write_text(profiles(args.archs[0], args.device, dtype, args.rows[0], min(args.tokens, 32)))
             print(f"profiles written to {where}")
         except Exception as exc:  # the table is what counts; say why the profile is missing
             print(f"profile failed: {type(exc).__name__}: {exc}")
-    failed = [r for r in rows if r.seconds is None]
+    failed = [r for r in rows if r.seconds is None and not r.skipped]
     return 1 if failed else 0
 
 

@@ -49,3 +49,33 @@ def test_the_smoke_run_writes_every_row_of_the_table(tmp_path, one_thread):
     assert "## native eager: tiny" in profile and "## native fixed shapes: tiny" in profile and "aten::mm" in profile
     kernels = next(line for line in text.splitlines() if line.startswith("SDPA kernels"))
     assert "attention: sdpa" in kernels and re.search(r"padded: \w.*; shared prefix: \w", kernels), kernels
+
+
+def test_rows_not_started_within_the_budget_are_written_as_skipped(tmp_path, one_thread):
+    out = tmp_path / "table.md"
+    assert gpu_speed.main(["--smoke", "--budget", "0.001", "--no-profile", "--out", str(out)]) == 0
+    rows = [line for line in out.read_text().splitlines() if line.startswith("| ") and not line.startswith("| what")]
+    assert len(rows) == 2 * 3 + 3 + 2 and all(" | skipped | " in r for r in rows), rows
+    assert all("the --budget of 0.001 s was spent before it started" in r for r in rows)
+    assert "SDPA kernels of the GRPO update: skipped" in out.read_text()
+
+
+def test_the_table_is_on_disk_after_every_row(tmp_path, one_thread, monkeypatch):
+    """A command stopped at its limit (a lent GPU's call) still leaves the rows it measured."""
+    out, seen = tmp_path / "table.md", []
+
+    def es_rows(*args, **kwargs):
+        seen.append(out.read_text())
+        return []
+
+    monkeypatch.setattr(gpu_speed, "es_rows", es_rows)
+    assert gpu_speed.main(["--smoke", "--no-profile", "--out", str(out)]) == 0
+    generation = [line for line in seen[0].splitlines() if line.startswith("| generation |")]
+    assert len(generation) == 6 and "(partial: 6 rows after" in seen[0]
+    assert "(partial" not in out.read_text() and "s in all" in out.read_text()
+
+
+def test_a_budget_must_be_positive(capsys):
+    with pytest.raises(SystemExit):
+        gpu_speed.parse(["--budget", "0"])
+    assert "--budget must be a positive number of seconds, not 0" in capsys.readouterr().err
