@@ -213,6 +213,9 @@ def run(args) -> int:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     if (LENT / "cache").is_dir():
         env["LLM_ENVS_CACHE"] = str(LENT / "cache")
+    else:
+        print(f"lent_gpu: no tokenizer under {LENT / 'cache'} (`prepare` copies it); this machine's own cache or "
+              "network must serve the default model's")
     install_wheels(env, out)
     left = lambda: args.limit - (clock() - start)  # noqa: E731
     python = [sys.executable, "-m"]

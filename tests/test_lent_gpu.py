@@ -104,7 +104,7 @@ def test_run_fits_its_parts_in_the_limit_and_ends_with_the_table_and_the_tally(t
     assert budget + 30 < speed_limit and speed_limit + check_limit < 300 and check_limit > 60
     assert check[check.index("--out") + 1] != str(tmp_path)  # trainers' weights never under $OUT
     out = capsys.readouterr().out
-    assert "no wheels under" in out
+    assert "no wheels under" in out and "no tokenizer under" in out
     tail = out[out.index("===== lent_gpu summary"):]
     assert "| generation | ... |" in tail and "gpu_check: 1 passed, 0 skipped, 0 failed" in tail
 
