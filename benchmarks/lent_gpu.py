@@ -199,9 +199,8 @@ def install_wheels(env: dict, out: Path) -> None:
            "--target", site]
     if stream([*pip, *wheels], out / "install.log", env, 120):
         raise SystemExit(f"lent_gpu: installing the wheels failed; see {out / 'install.log'}")
-    for source in sorted((LENT / "sdist").glob("*")):
-        log = out / "install.log"
-        if stream([*pip, "--no-build-isolation", str(source)], log.with_name("install_sdist.log"), env, 120):
+    for source in sorted((LENT / "sdist").glob("*")):  # one today (pycosat): one log
+        if stream([*pip, "--no-build-isolation", str(source)], out / "install_sdist.log", env, 120):
             print(f"lent_gpu: {source.name} did not build here (install_sdist.log); going on without it")
     env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
 
