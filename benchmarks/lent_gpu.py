@@ -14,12 +14,12 @@ and then, through the device tool, ``python3 -m benchmarks.lent_gpu run`` with `
 one call. Each one's log, the table and its profile land under ``$OUT``, and the end of the output
 repeats the table and the checks' tally, since a call returns only its last lines.
 
-This module imports nothing outside the standard library: it runs before the wheels are installed.
+This module imports nothing outside the standard library (its parser is ``trainers.common.cli``'s,
+which needs nothing more): it runs before the wheels are installed.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.metadata as metadata
 import os
 import re
@@ -31,6 +31,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+from trainers.common.cli import Parser  # the standard library alone, as this module
 
 ROOT = Path(__file__).resolve().parents[1]
 LENT = ROOT / ".lent"  # git-ignored; the device call carries it
@@ -243,7 +245,7 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     verbs = parser.add_subparsers(dest="verb", required=True)
     verbs.add_parser("prepare", help="here: fetch the wheels the lent image lacks and copy the tokenizer to .lent/")
     go = verbs.add_parser("run", help="there: install .lent's wheels, then gpu_speed and gpu_check under deadlines")

@@ -4,6 +4,7 @@ repeats what matters at the end of its output (a call returns only its last line
 
 import ast
 import importlib.metadata as metadata
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -11,6 +12,13 @@ from pathlib import Path
 import pytest
 
 from benchmarks import lent_gpu
+
+
+def test_the_launcher_imports_with_the_standard_library_alone():
+    """It runs on the lent machine before the wheels it installs: no site-packages (``-S``)."""
+    code = f"import sys; sys.path.insert(0, {str(lent_gpu.ROOT)!r}); import benchmarks.lent_gpu"
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
 
 
 def test_what_the_lent_image_lacks_is_our_dependencies_it_does_not_hold():

@@ -24,6 +24,7 @@ import yaml
 import llm_envs
 from trainers.common import distributed
 from trainers.common import precision
+from trainers.common.cli import Parser  # noqa: F401  (every command's parser; imported from here too)
 from trainers.common.precision import DTYPE_CHOICES, Decision
 from trainers.common.run_dir import RunDirError, recorded_dtype
 from trainers.engines.options import EngineOptions, EngineUnavailable
@@ -72,21 +73,6 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
         return kind(value)
     except (TypeError, ValueError):
         raise ConfigError(f"{_flag(name)}: expected {kind.__name__}, got {value!r}") from None
-
-
-class Parser(argparse.ArgumentParser):
-    """The parser of every command: a bad flag or value ends the program with one line (exit code
-    2), not argparse's usage block; the program is named as it is run (``python -m trainers.es``)."""
-
-    def __init__(self, *args: Any, **kwargs: Any):
-        main = sys.modules.get("__main__")
-        module = getattr(getattr(main, "__spec__", None), "name", None)
-        if kwargs.get("prog") is None and module:
-            kwargs["prog"] = f"python -m {module.removesuffix('.__main__')}"
-        super().__init__(*args, **kwargs)
-
-    def error(self, message: str) -> typing.NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (--help lists the options)\n")
 
 
 def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
