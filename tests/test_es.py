@@ -192,6 +192,28 @@ def test_samples_per_prompt_needs_a_temperature(capsys, tmp_path):
     assert "--samples-per-prompt: needs --temperature > 0" in capsys.readouterr().err
 
 
+def test_the_noise_device_file_appears_whole_to_the_other_ranks(tmp_path, monkeypatch):
+    """The main rank writes it while the others check it, so a reader sees no file or the whole
+    file, never an empty one (a two-process study once failed reading it empty)."""
+    from trainers.common import files
+    from trainers.common.config import ConfigError
+    from trainers.common.update_log import check_noise_device
+
+    replace, seen = os.replace, []
+
+    def publish(src, dst):  # another rank checks while the file is being written
+        check_noise_device(tmp_path, torch.device("cpu"))
+        seen.append(Path(dst).exists())
+        replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", publish)
+    check_noise_device(tmp_path, torch.device("cpu"), write=True)
+    assert seen == [False]
+    monkeypatch.undo()
+    with pytest.raises(ConfigError, match="generated its noise on cpu"):
+        check_noise_device(tmp_path, torch.device("cuda"))
+
+
 def test_replay_and_resume_refuse_another_noise_device(tmp_path, tiny_model_dir, capsys):
     """CPU and CUDA generators differ: a run whose noise came from CUDA is not rebuilt on the CPU."""
     from trainers import replay

@@ -18,6 +18,7 @@ import torch
 
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError
+from trainers.common.files import atomic_write
 from trainers.common.run_dir import RunDir, read_jsonl
 
 UPDATES_FILE = "updates.jsonl"
@@ -54,7 +55,7 @@ class UpdateLog:
         """On the main process of a resume: the metrics log cut back to ``done`` and the update log
         rewritten without a torn last line; returns the line saying where the run resumed."""
         self.run.truncate_log(self.done)
-        self.path.write_text("".join(json.dumps(u) + "\n" for u in self.updates))
+        atomic_write(self.path, "".join(json.dumps(u) + "\n" for u in self.updates))  # a kill here keeps the log
         source = f"checkpoint {self.checkpoint}" if self.checkpoint is not None else "the base model"
         return f"resumed {self.run.path} after iteration {self.done} (weights from {source})"
 
@@ -76,5 +77,5 @@ def check_noise_device(run_dir: Path, device: torch.device, write: bool = False)
             raise ConfigError(f"{run_dir}: this run generated its noise on {used}, and CPU and CUDA random generators "
                               f"differ, so its seeds rebuild its weights only on {used} (this process uses "
                               f"{device.type}); pass --device {used} on a machine that has it")
-    elif write:
-        path.write_text(json.dumps({"device": device.type}) + "\n")
+    elif write:  # whole or not at all: the other ranks check it as it is written
+        atomic_write(path, json.dumps({"device": device.type}) + "\n")
