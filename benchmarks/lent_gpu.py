@@ -65,20 +65,17 @@ LIMIT = 560
 clock = time.monotonic  # the deadlines' clock (a test's to set)
 
 
-def canonical(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
-
-
 def requirements(name: str) -> list[str]:
     """The distributions ``name`` needs on a plain Linux install (its extras left out)."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
     needed = []
     for line in metadata.requires(name) or []:
         req = Requirement(line)
         if req.marker is None or req.marker.evaluate({"extra": "", "sys_platform": "linux",
                                                       "platform_system": "Linux", "python_version": PYTHON}):
-            needed.append(canonical(req.name))
+            needed.append(canonicalize_name(req.name))
     return needed
 
 

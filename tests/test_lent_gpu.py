@@ -49,16 +49,17 @@ def test_every_package_our_code_imports_is_in_the_image_the_wheels_or_an_extra()
     fail on the lent machine, minutes into its time. The extras (vLLM, TRL, datasets) are not sent:
     the GPU commands run without them (gpu_check names vLLM as not installed)."""
     from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
 
-    extras = {lent_gpu.canonical(Requirement(line).name) for line in metadata.requires("llm-envs")
+    extras = {canonicalize_name(Requirement(line).name) for line in metadata.requires("llm-envs")
               if "extra ==" in line}
     dists = metadata.packages_distributions()
     ours = {"llm_envs", "trainers", "benchmarks", "eval", "tests", "__future__"}
     used = {}
     for name in our_imports() - set(sys.stdlib_module_names) - ours:
         found = dists.get(name)
-        assert found or lent_gpu.canonical(name) in extras, f"{name}: imported by our code, from no package here"
-        used[name] = {lent_gpu.canonical(d) for d in found or [name]}
+        assert found or canonicalize_name(name) in extras, f"{name}: imported by our code, from no package here"
+        used[name] = {canonicalize_name(d) for d in found or [name]}
     assert {"torch", "transformers", "gymnasium", "reasoning-gym", "math-verify"} <= set().union(*used.values())
     travels = lent_gpu.IMAGE | set(lent_gpu.missing()) | extras
     assert {name: d for name, d in used.items() if not d & travels} == {}
