@@ -150,7 +150,8 @@ def prepare(_args) -> int:
     size = sum(p.stat().st_size for p in LENT.rglob("*") if p.is_file())
     built = f"; built there from source: {', '.join(sources)}" if sources else ""
     print(f"{LENT}: the {len(wanted)} packages the lent image lacks ({', '.join(f'{n} {v}' for n, v in wanted.items())}"
-          f"{built}) and the default tokenizer, {size / 2**20:.1f} MiB in all.\nRehearse here: python -m benchmarks.lent_gpu run --cpu\n"
+          f"{built}) and the default tokenizer, {size / 2**20:.1f} MiB in all.\n"
+          "Rehearse here: python -m benchmarks.lent_gpu run --cpu\n"
           f'On a lent GPU: run(command="python3 -m benchmarks.lent_gpu run", carry=[".lent"], timeout_s=590)')
     return 0
 
@@ -217,24 +218,24 @@ def run(args) -> int:
     install_wheels(env, out)
     left = lambda: args.limit - (clock() - start)  # noqa: E731
     python = [sys.executable, "-m"]
+    table, checks = out / "gpu_speed.md", out / "gpu_check.log"
     results = {}
     if "speed" in args.only:
         hard = left() * (0.6 if "check" in args.only else 1) - 5
         budget = max(hard - 60, 1)  # the row in flight and the profile end inside the hard limit
-        command = [*python, "benchmarks.gpu_speed", "--budget", f"{budget:.0f}", "--out", str(out / "gpu_speed.md")]
+        command = [*python, "benchmarks.gpu_speed", "--budget", f"{budget:.0f}", "--out", str(table)]
         results["gpu_speed"] = stream([*command, *(["--smoke"] if args.cpu else [])], out / "gpu_speed.log", env, hard)
     if "check" in args.only:
         work = tempfile.mkdtemp(prefix="gpu-check-")  # trainers' runs hold weights: never under $OUT
         command = [*python, "benchmarks.gpu_check", "--no-speed", "--out", work,
                    *(["--device", "cpu", "--arch", "tiny"] if args.cpu else [])]
-        results["gpu_check"] = stream(command, out / "gpu_check.log", env, left() - 5)
+        results["gpu_check"] = stream(command, checks, env, left() - 5)
     print("\n===== lent_gpu summary =====")
-    table = out / "gpu_speed.md"
     if "speed" in args.only:
         print(table.read_text() if table.is_file() else "gpu_speed wrote no table")
     if "check" in args.only:
-        log = out / "gpu_check.log"
-        tally = [ln for ln in (log.read_text() if log.is_file() else "").splitlines() if re.match(r"\d+ passed, ", ln)]
+        lines = checks.read_text().splitlines() if checks.is_file() else []
+        tally = [ln for ln in lines if re.match(r"\d+ passed, ", ln)]
         print(f"gpu_check: {tally[-1] if tally else 'no tally (see gpu_check.log)'}")
     print(", ".join(f"{name} exit {code}{' (killed at its deadline)' if code == 124 else ''}"
                     for name, code in results.items()) + f"; {clock() - start:.0f} s in all")
