@@ -186,26 +186,32 @@ def stream(command: list[str], log: Path, env: dict, timeout: float) -> int:
     return code
 
 
-def install_wheels(env: dict, out: Path) -> None:
-    """``.lent``'s wheels into a temporary folder first on ``PYTHONPATH``; then its sources, each
-    built here, one at a time: one that does not build is named and left out."""
+def install_wheels(env: dict, out: Path, site: Path) -> None:
+    """``.lent``'s wheels into ``site``, put first on ``PYTHONPATH``; then its sources, each built
+    here, one at a time: one that does not build is named and left out."""
     wheels = sorted(str(p) for p in (LENT / "whl").glob("*.whl"))
     if not wheels:
         print(f"lent_gpu: no wheels under {LENT / 'whl'} (run `python -m benchmarks.lent_gpu prepare` first); "
               "going on with what this machine has")
         return
-    site = tempfile.mkdtemp(prefix="lent-site-")
     pip = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--no-cache-dir",
-           "--target", site]
+           "--target", str(site)]
     if stream([*pip, *wheels], out / "install.log", env, 120):
         raise SystemExit(f"lent_gpu: installing the wheels failed; see {out / 'install.log'}")
     for source in sorted((LENT / "sdist").glob("*")):  # one today (pycosat): one log
         if stream([*pip, "--no-build-isolation", str(source)], out / "install_sdist.log", env, 120):
             print(f"lent_gpu: {source.name} did not build here (install_sdist.log); going on without it")
-    env["PYTHONPATH"] = os.pathsep.join([site, str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env["PYTHONPATH"] = os.pathsep.join([str(site), str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
 
 
 def run(args) -> int:
+    """Install the wheels, then run the parts. The installed wheels and the trainers' runs live in one
+    temporary folder, removed at the end: a rehearsal here once left ~0.55 GB of them each time."""
+    with tempfile.TemporaryDirectory(prefix="lent-gpu-", ignore_cleanup_errors=True) as tmp:
+        return run_parts(args, Path(tmp))
+
+
+def run_parts(args, tmp: Path) -> int:
     start = clock()
     out = Path(os.environ.get("OUT") or ROOT / "runs" / "lent-gpu")
     out.mkdir(parents=True, exist_ok=True)
@@ -215,7 +221,7 @@ def run(args) -> int:
     else:
         print(f"lent_gpu: no tokenizer under {LENT / 'cache'} (`prepare` copies it); this machine's own cache or "
               "network must serve the default model's")
-    install_wheels(env, out)
+    install_wheels(env, out, tmp / "site")
     left = lambda: args.limit - (clock() - start)  # noqa: E731
     python = [sys.executable, "-m"]
     table, checks = out / "gpu_speed.md", out / "gpu_check.log"
@@ -226,8 +232,8 @@ def run(args) -> int:
         command = [*python, "benchmarks.gpu_speed", "--budget", f"{budget:.0f}", "--out", str(table)]
         results["gpu_speed"] = stream([*command, *(["--smoke"] if args.cpu else [])], out / "gpu_speed.log", env, hard)
     if "check" in args.only:
-        work = tempfile.mkdtemp(prefix="gpu-check-")  # trainers' runs hold weights: never under $OUT
-        command = [*python, "benchmarks.gpu_check", "--no-speed", "--out", work,
+        # trainers' runs hold weights: never under $OUT
+        command = [*python, "benchmarks.gpu_check", "--no-speed", "--out", str(tmp / "gpu-check"),
                    *(["--device", "cpu", "--arch", "tiny"] if args.cpu else [])]
         results["gpu_check"] = stream(command, checks, env, left() - 5)
     print("\n===== lent_gpu summary =====")

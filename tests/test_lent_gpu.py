@@ -6,6 +6,7 @@ import ast
 import importlib.metadata as metadata
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -107,11 +108,15 @@ def test_run_fits_its_parts_in_the_limit_and_ends_with_the_table_and_the_tally(t
     monkeypatch.setattr(lent_gpu, "clock", lambda: clock[0])
     monkeypatch.setattr(lent_gpu, "LENT", tmp_path / "nothing")  # no wheels: says so and goes on
     monkeypatch.setenv("OUT", str(tmp_path))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
     assert lent_gpu.main(["run", "--limit", "300"]) == 0
     (speed, speed_limit), (check, check_limit) = calls
     budget = float(speed[speed.index("--budget") + 1])
     assert budget + 30 < speed_limit and speed_limit + check_limit < 300 and check_limit > 60
     assert check[check.index("--out") + 1] != str(tmp_path)  # trainers' weights never under $OUT
+    assert check[check.index("--out") + 1].startswith(str(tmp_path / "tmp"))
+    assert not list((tmp_path / "tmp").iterdir())  # their temporary folder is gone after the run
     out = capsys.readouterr().out
     assert "no wheels under" in out and "no tokenizer under" in out
     tail = out[out.index("===== lent_gpu summary"):]
