@@ -10,7 +10,7 @@ protocol, on chat messages:
 
 The episode's **return** is the sum of its turns' rewards: a final verifiable reward on the last
 turn, plus optional per-turn rewards. ES trains on returns; the RL trainers on returns with the
-loss over the assistant's tokens only (``trainers.rl.episodes``); ``correct`` of the last turn is
+loss over the assistant's tokens only (``trainers.rl.masking``); ``correct`` of the last turn is
 the episode's pass/fail (pass@k).
 
 A subclass writes the ``TaskEnv`` hooks that build examples (``build_split``, ``parse_row``) and:

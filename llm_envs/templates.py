@@ -1,5 +1,5 @@
 """A prompt as the text a model generates from: the one rendering rule of every engine
-(``trainers.engines``) and of ``llm_envs.trl``, so a prompt is the same text wherever it is used."""
+(``trainers.engines``) and of ``trainers.trl``, so a prompt is the same text wherever it is used."""
 
 from __future__ import annotations
 

@@ -40,8 +40,8 @@ def run(module: str, *args: str) -> subprocess.CompletedProcess:
 
 
 def test_every_kind_of_entry_point_is_found():
-    assert {"trainers.es", "trainers.grpo", "trainers.ppo", "trainers.sweep", "trainers.replay", "eval", "eval.table",
-            "eval.plot", "benchmarks.study", "benchmarks.scoring"} <= set(ENTRY_POINTS)
+    assert {"trainers.es", "trainers.grpo", "trainers.ppo", "trainers.sweep", "trainers.es.replay", "eval", "eval.table",
+            "eval.plot", "benchmarks.study", "benchmarks.speed.scoring"} <= set(ENTRY_POINTS)
 
 
 @pytest.mark.parametrize("module", ENTRY_POINTS)

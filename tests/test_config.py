@@ -7,7 +7,8 @@ import yaml
 
 import eval.__main__ as eval_cli
 from eval import infer_method, load_results, table
-from trainers import es, grpo, ppo
+from trainers.es import train as es
+from trainers.rl import grpo, ppo
 from trainers.common.config import build_config, to_dict
 
 TRAINERS = {"es": es, "grpo": grpo, "ppo": ppo}

@@ -20,7 +20,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainers import es
+from trainers.es import train as es
 from trainers.common.models import load_model, model_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -22,7 +22,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainers import grpo, ppo
+from trainers.rl import grpo, ppo
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -167,7 +167,7 @@ def test_a_killed_two_process_run_resumes_to_the_weights_of_an_uninterrupted_one
 def test_each_rank_holds_half_of_the_trainable_state(tiny_model_dir):
     """Parameters + gradients + AdamW state per rank, on two processes: at most half of one
     process's, plus one full parameter (uneven shards: FSDP pads the last)."""
-    result = ok(torchrun("-m", "benchmarks.sharded_memory", "--model", str(tiny_model_dir), "--critic", "true"))
+    result = ok(torchrun("-m", "benchmarks.memory.sharded", "--model", str(tiny_model_dir), "--critic", "true"))
     rows = [json.loads(line.removeprefix("RESULT ")) for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     assert len(rows) == 2
     for row in rows:

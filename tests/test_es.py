@@ -13,9 +13,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from trainers import es
+from trainers.es import train as es
 from trainers.common import held_out
-from trainers.replay import rebuild
+from trainers.es.replay import rebuild
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -197,7 +197,7 @@ def test_the_noise_device_file_appears_whole_to_the_other_ranks(tmp_path, monkey
     file, never an empty one (a two-process study once failed reading it empty)."""
     from trainers.common import files
     from trainers.common.config import ConfigError
-    from trainers.common.update_log import check_noise_device
+    from trainers.es.update_log import check_noise_device
 
     replace, seen = os.replace, []
 
@@ -216,7 +216,7 @@ def test_the_noise_device_file_appears_whole_to_the_other_ranks(tmp_path, monkey
 
 def test_replay_and_resume_refuse_another_noise_device(tmp_path, tiny_model_dir, capsys):
     """CPU and CUDA generators differ: a run whose noise came from CUDA is not rebuilt on the CPU."""
-    from trainers import replay
+    from trainers.es import replay
 
     run = tmp_path / "run"
     es.main(run_args(tiny_model_dir, run, "--iterations", "1", "--eval-every", "0"))

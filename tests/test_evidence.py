@@ -1,4 +1,4 @@
-"""benchmarks.evidence: a study keeps every evaluated completion beside its records, the counts docs
+"""benchmarks.study.evidence: a study keeps every evaluated completion beside its records, the counts docs
 quote come from those files, and rescoring them with the env's current code gives the study's tables."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from benchmarks import evidence, study
-from benchmarks.study_record import COMPLETIONS, read_completions
+from benchmarks.study import evidence, driver as study
+from benchmarks.study.record import COMPLETIONS, read_completions
 
 TABLES = ("table1.md", "table2.md", "runs.md", "seed_variance.md")
 

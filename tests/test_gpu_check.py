@@ -1,4 +1,4 @@
-"""benchmarks.gpu_check: without CUDA one line and exit 0; on the CPU (``--device cpu``) the code of
+"""benchmarks.gpu.check: without CUDA one line and exit 0; on the CPU (``--device cpu``) the code of
 its checks runs on a tiny model, so what a GPU machine will run is exercised here: a skipped check
 is counted as skipped, never as passed, and the FSDP check runs on two CPU processes (gloo), where
 ``--dtype fp32`` must be what the sharded forward passes computed in."""
@@ -10,12 +10,12 @@ import sys
 import pytest
 import torch
 
-from benchmarks import gpu_check
+from benchmarks.gpu import check as gpu_check
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the command would run its checks")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_check"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.check"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines() == [
         "gpu_check: no CUDA device here, so there is nothing to check (run it on a machine with a GPU)"]
@@ -55,7 +55,7 @@ def test_fsdp_with_dtype_fp32_computes_in_fp32_and_bf16_in_bf16(tmp_path, monkey
     print(check.line())
     assert check.ok and not check.skipped and "computed in float32 on 2 ranks" in check.detail, check.line()
     seen = tmp_path / "bf16-dtypes"
-    ok, error = gpu_check.run_trainer(["benchmarks.compute_dtypes", str(seen), "trainers.grpo", "--env", "Conciseness-v0",
+    ok, error = gpu_check.run_trainer(["benchmarks.speed.compute_dtypes", str(seen), "trainers.grpo", "--env", "Conciseness-v0",
                                        "--model", str(tmp_path / "model"), "--max-new-tokens", "8", "--steps", "1",
                                        "--batch-size", "2", "--group-size", "2", "--eval-every", "0", "--eval-limit",
                                        "2", "--engine", "native", "--dtype", "bf16", "--device", "cpu", "--out",

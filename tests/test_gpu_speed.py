@@ -1,4 +1,4 @@
-"""benchmarks.gpu_speed: without CUDA one line and exit 0; ``--smoke`` runs every row of the table
+"""benchmarks.gpu.speed: without CUDA one line and exit 0; ``--smoke`` runs every row of the table
 on the CPU with a tiny model, so the code a lent GPU will run is exercised here (its numbers mean
 nothing on a CPU)."""
 
@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from benchmarks import gpu_speed
+from benchmarks.gpu import speed as gpu_speed
 
 
 def test_the_bandwidth_table_knows_the_cards_by_their_cuda_names():
@@ -22,7 +22,7 @@ def test_the_bandwidth_table_knows_the_cards_by_their_cuda_names():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the command would time it")
 def test_without_cuda_it_says_so_in_one_line_and_exits_0():
-    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu_speed"], capture_output=True, text=True, timeout=120)
+    done = subprocess.run([sys.executable, "-m", "benchmarks.gpu.speed"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.strip().splitlines()) == 1 and "no CUDA device" in done.stdout
 

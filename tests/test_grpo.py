@@ -13,14 +13,15 @@ import torch
 import yaml
 
 import llm_envs
-from trainers import grpo, ppo, sweep
+from trainers.rl import grpo, ppo
+from trainers import sweep
 from trainers.common import rollout
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError
 from trainers.common.models import compute_dtype
 from trainers.common.splits import WithValidation
 from trainers.engines.hf import HFEngine
-from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
+from trainers.rl.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
 from trainers.rl import loop, policy
 from trainers.rl.logprobs import pad, token_logprobs
 from trainers.rl.losses import kl_k3

@@ -1,12 +1,12 @@
-"""benchmarks.headline: the README's table and claim verdicts from studies' results.json."""
+"""benchmarks.study.headline: the README's table and claim verdicts from studies' results.json."""
 
 import json
 
 import pytest
 
-from benchmarks import headline
-from benchmarks.verdicts import (Study, claim_budget, claim_hacking, claim_seeds, claim_settings, deviations,
-                                 permutation_p)
+from benchmarks.study import headline
+from benchmarks.study.verdicts import (Study, claim_budget, claim_hacking, claim_seeds, claim_settings, deviations,
+                                       permutation_p)
 
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
           "ppo": "PPO"}

@@ -10,7 +10,8 @@ import pytest
 
 import eval.__main__ as cli
 import eval.harness as harness
-from trainers import es, grpo
+from trainers.es import train as es
+from trainers.rl import grpo
 from trainers.common import rollout
 from trainers.engines.hf import HFEngine
 

@@ -1,6 +1,8 @@
-"""The project's module layout: no import cycles among its modules (imports inside functions
-count), the packages only import downwards (llm_envs <- trainers <- eval, benchmarks), and so do
-the folders inside trainers/ (noise <- engines <- common <- rl <- the algorithms)."""
+"""The project's module layout, stated as rules that hold: no import cycles among its modules
+(imports inside functions count); the packages import only downwards (llm_envs <- trainers <-
+eval, benchmarks); inside trainers/ each part imports only what ``MAY_IMPORT`` lists (the engines
+know perturbations and the progress display, never ES or RL); common/ holds only what both ES and
+RL use; and the folders of trainers/ and benchmarks/ are the ones their docstrings describe."""
 
 import ast
 from pathlib import Path
@@ -11,9 +13,18 @@ PACKAGES = ("llm_envs", "trainers", "eval", "benchmarks")
 #: the top: its study runs the trainers and measures their models with the eval harness.
 ALLOWED = {"llm_envs": {"llm_envs"}, "trainers": {"llm_envs", "trainers"},
            "eval": {"llm_envs", "trainers", "eval"}, "benchmarks": {"llm_envs", "trainers", "eval", "benchmarks"}}
-#: The folders of trainers/, bottom first; the algorithms (trainers/*.py) sit above them all. A
-#: module may import its own folder and the folders below it, never one above.
-TRAINER_FOLDERS = ("noise", "engines", "common", "rl")
+#: The parts of trainers/ (a module belongs to the longest prefix that names it) and the other
+#: parts each may import, besides its own modules. ``trainers`` is the entry points (grpo.py, ppo.py,
+#: sweep.py) and TRL interop (trl.py): they may import every part.
+MAY_IMPORT = {
+    "trainers.es.noise": set(),  # the perturbations: below the engines that evaluate them
+    "trainers.common.progress": set(),  # the one progress display: the engines draw bars too
+    "trainers.engines": {"trainers.es.noise", "trainers.common.progress"},
+    "trainers.common": {"trainers.engines", "trainers.es.noise", "trainers.common.progress"},
+    "trainers.es": {"trainers.common", "trainers.common.progress", "trainers.engines", "trainers.es.noise"},
+    "trainers.rl": {"trainers.common", "trainers.common.progress", "trainers.engines"},
+}
+TRAINER_FOLDERS = ("common", "engines", "es", "rl")
 
 
 def project_modules(root: Path = ROOT) -> dict[str, Path]:
@@ -75,8 +86,8 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_import_cycles():
     graph = import_graph(project_modules())
-    assert len(graph) > 30 and "trainers.es" in graph["trainers.replay"]  # the graph is real
-    assert "trainers.noise.members" in graph["trainers.engines.base"]
+    assert len(graph) > 30 and "trainers.es.train" in graph["trainers.es.replay"]  # the graph is real
+    assert "trainers.es.noise.members" in graph["trainers.engines.base"]
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
@@ -110,43 +121,63 @@ def test_each_public_function_of_trainers_and_eval_is_defined_once():
     assert not twice, twice
 
 
-def trainer_level(module: str) -> int:
-    """Where a trainers module sits: the index of its folder in TRAINER_FOLDERS (subfolders count
-    as their folder), or above them all for the algorithms in trainers/ itself."""
-    parts = module.split(".")
-    if len(parts) > 2 or (len(parts) == 2 and parts[1] in TRAINER_FOLDERS):
-        return TRAINER_FOLDERS.index(parts[1])
-    return len(TRAINER_FOLDERS)
+def part_of(module: str) -> str:
+    """The part of trainers/ ``module`` belongs to (``MAY_IMPORT``'s longest matching prefix)."""
+    matches = [p for p in MAY_IMPORT if module == p or module.startswith(p + ".")]
+    return max(matches, key=len) if matches else "trainers"
 
 
-def test_trainer_folders_import_only_downwards():
+def wrong_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Imports between parts of trainers/ that ``MAY_IMPORT`` does not allow."""
+    wrong = []
+    for m, deps in graph.items():
+        if not m.startswith("trainers.") or part_of(m) == "trainers":
+            continue
+        for d in deps:
+            if d.startswith("trainers") and part_of(d) != part_of(m) and part_of(d) not in MAY_IMPORT[part_of(m)]:
+                wrong.append(f"{m} ({part_of(m)}) imports {d} ({part_of(d)})")
+    return sorted(wrong)
+
+
+def test_trainers_parts_import_only_what_they_may():
     graph = import_graph(project_modules())
-    folders = {m.split(".")[1] for m in graph if m.startswith("trainers.") and m.count(".") >= 2}
-    assert folders == set(TRAINER_FOLDERS), "a new folder in trainers/ needs its place in TRAINER_FOLDERS"
-    wrong = sorted(f"{m} imports {d}" for m, deps in graph.items() if m.startswith("trainers.")
-                   for d in deps if d.startswith("trainers.") and trainer_level(d) > trainer_level(m))
-    assert not wrong, wrong
+    assert {part_of(m) for m in graph if m.startswith("trainers.")} == {*MAY_IMPORT, "trainers"}
+    assert not wrong_imports(graph), wrong_imports(graph)
 
 
-def test_engines_import_no_es_or_rl_code():
-    """Engines evaluate perturbations (trainers.noise); ES and RL build on engines, never the reverse."""
-    graph = import_graph(project_modules())
-    engines = [m for m in graph if m.startswith("trainers.engines")]
-    assert len(engines) > 8
-    wrong = sorted(f"{m} imports {d}" for m in engines for d in graph[m]
-                   if d.startswith("trainers.") and not d.startswith(("trainers.engines", "trainers.noise")))
-    assert not wrong, wrong
-
-
-def test_the_level_check_catches_an_upward_import(tmp_path):
+def test_the_part_check_catches_an_engine_importing_es(tmp_path):
     for package in PACKAGES:
         (tmp_path / package).mkdir()
-    (tmp_path / "trainers" / "noise").mkdir()
-    (tmp_path / "trainers" / "noise" / "fullrank.py").write_text("def f():\n    from trainers.es import g\n")
-    (tmp_path / "trainers" / "es.py").write_text("def g(): ...\n")
+    for folder in ("engines", "es", "es/noise"):
+        (tmp_path / "trainers" / folder).mkdir()
+    (tmp_path / "trainers" / "engines" / "hf.py").write_text("def f():\n    from trainers.es.train import g\n")
+    (tmp_path / "trainers" / "es" / "train.py").write_text("from trainers.es.noise.lowrank import h\ndef g(): ...\n")
+    (tmp_path / "trainers" / "es" / "noise" / "lowrank.py").write_text("def h(): ...\n")
     graph = import_graph(project_modules(tmp_path))
-    assert graph["trainers.noise.fullrank"] == {"trainers.es"}
-    assert trainer_level("trainers.es") > trainer_level("trainers.noise.fullrank")
+    assert wrong_imports(graph) == ["trainers.engines.hf (trainers.engines) imports trainers.es.train (trainers.es)"]
+
+
+def families(module: str, graph: dict[str, set[str]], seen: frozenset = frozenset()) -> set[str]:
+    """The algorithm families (es, rl) that use ``module``, directly or through common/ and engines/."""
+    found = set()
+    for importer, deps in graph.items():
+        if module not in deps or importer in seen:
+            continue
+        if part_of(importer) in ("trainers.es", "trainers.es.noise"):
+            found.add("es")
+        elif part_of(importer) == "trainers.rl":
+            found.add("rl")
+        elif part_of(importer) in ("trainers.common", "trainers.common.progress", "trainers.engines"):
+            found |= families(importer, graph, seen | {module})
+    return found
+
+
+def test_common_holds_only_what_both_families_use():
+    graph = import_graph(project_modules())
+    common = [m for m in graph if m.startswith("trainers.common.")]
+    assert len(common) > 10
+    one_family = {m: sorted(families(m, graph)) for m in common if families(m, graph) != {"es", "rl"}}
+    assert not one_family, f"used by one family only (move it into that family's package): {one_family}"
 
 
 def test_every_trainers_folder_says_what_it_holds():
@@ -156,5 +187,19 @@ def test_every_trainers_folder_says_what_it_holds():
         doc = ast.get_docstring(ast.parse((ROOT / "trainers" / folder / "__init__.py").read_text()))
         assert doc and len(doc) > 40, f"trainers/{folder}/__init__.py needs a docstring"
         assert f"``{folder}/``" in top, f"trainers/__init__.py should describe {folder}/"
+    folders = sorted(p.name for p in (ROOT / "trainers").iterdir() if (p / "__init__.py").is_file())
+    assert folders == sorted(TRAINER_FOLDERS), folders
     flat = [p.name for p in (ROOT / "trainers").glob("*.py") if p.name != "__init__.py"]
-    assert sorted(flat) == ["es.py", "grpo.py", "ppo.py", "replay.py", "sweep.py"], flat
+    assert sorted(flat) == ["grpo.py", "ppo.py", "sweep.py", "trl.py"], flat
+
+
+def test_benchmarks_folders_say_which_is_which():
+    """The study, speed, memory and GPU tools each have a folder that says what it holds; at the top
+    only the lent GPU's launcher, under the name the developers' brief gives it."""
+    folders = sorted(p.name for p in (ROOT / "benchmarks").iterdir() if (p / "__init__.py").is_file())
+    assert folders == ["gpu", "memory", "speed", "study"], folders
+    for folder in folders:
+        doc = ast.get_docstring(ast.parse((ROOT / "benchmarks" / folder / "__init__.py").read_text()))
+        assert doc and len(doc) > 40, f"benchmarks/{folder}/__init__.py needs a docstring"
+    flat = [p.name for p in (ROOT / "benchmarks").glob("*.py") if p.name != "__init__.py"]
+    assert flat == ["lent_gpu.py"], flat

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import lent_gpu
+from benchmarks.gpu import lent as lent_gpu
 
 
 def test_the_launcher_imports_with_the_standard_library_alone():
@@ -98,7 +98,7 @@ def test_run_fits_its_parts_in_the_limit_and_ends_with_the_table_and_the_tally(t
     def stream(command, log, env, timeout):  # each part takes all the time it is given
         calls.append((command, timeout))
         clock[0] += timeout
-        if "benchmarks.gpu_speed" in command:
+        if "benchmarks.gpu.speed" in command:
             Path(command[command.index("--out") + 1]).write_text("| what | ... |\n| generation | ... |\n")
         else:
             log.write_text("PASS  a\n1 passed, 0 skipped, 0 failed (of 1 checks)\n")

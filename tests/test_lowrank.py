@@ -13,7 +13,7 @@ from llm_envs import BatchScorer, Example, Score, chat
 from toy_envs import LetterEnv
 from trainers.engines.generation import generate
 from trainers.engines.hf import HFEngine
-from trainers.noise import fullrank, lowrank
+from trainers.es.noise import fullrank, lowrank
 
 SEEDS, SIGNS = [11, 11, 12, 13], [1.0, -1.0, 1.0, -1.0]  # a mirrored pair and two single members
 SIGMA = 0.05  # large, so that members' greedy texts differ on a tiny random model
@@ -190,7 +190,7 @@ def test_update_goes_through_the_fp32_master(tiny_model):
 
 
 def test_layer_selection_errors(tiny_model):
-    from trainers.noise.lowrank import LayerError
+    from trainers.es.noise.lowrank import LayerError
 
     assert len(lowrank.select_layers(tiny_model, r"mlp\.", 1)) == 2 * 3  # gate, up, down in 2 layers
     with pytest.raises(LayerError, match="--rank: must be >= 1"):
@@ -219,7 +219,7 @@ PROMPTS = [chat("Say 3."), chat("What is the capital of France? Answer in one wo
 def batched_numbers(model, tokenizer, gen_batch_size, monkeypatch, *extra: str):
     """(rewards, accuracy, tokens, rows per generate call) of a mirrored population of 4 (two pairs)
     through ``es.evaluate_batched``."""
-    from trainers import es
+    from trainers.es import train as es
     from trainers.common import rollout
 
     cfg = es.resolve(["--env", "toy_envs:Letter-v0", "--noise", "lowrank", "--rank", "2", "--sigma", str(SIGMA),
@@ -270,7 +270,7 @@ def test_sampled_members_are_each_the_mean_over_their_samples_on_common_seeds(ti
     """--temperature 1 --samples-per-prompt 2: each member's numbers are those of that member alone,
     sampled with the iteration's seeds (the same for every member) over its 3 prompts x 2 samples,
     whether its rows come in one call or in calls of 2."""
-    from trainers import es
+    from trainers.es import train as es
 
     sampled = ["--temperature", "1", "--samples-per-prompt", "2"]
     rewards, accuracy, tokens, seen, seeds, signs, batch = batched_numbers(tiny_model, tiny_tokenizer, None,
@@ -315,8 +315,8 @@ class RoutedExperts(torch.nn.Module):
 
 
 def test_routed_expert_layers_are_refused(tiny_model):
-    from trainers import es
-    from trainers.noise.lowrank import LayerError
+    from trainers.es import train as es
+    from trainers.es.noise.lowrank import LayerError
 
     model = copy.deepcopy(tiny_model)
     model.model.layers[0].mlp = RoutedExperts(64)
@@ -346,7 +346,7 @@ def tiny_mixtral_dir(tokenizer, path):
 
 
 def test_the_perturbed_share_is_printed_and_a_small_one_warned(tiny_tokenizer, tiny_model_dir, tmp_path, capsys):
-    from trainers import es
+    from trainers.es import train as es
 
     import transformers
 

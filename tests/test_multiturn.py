@@ -18,7 +18,7 @@ from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes
 from trainers.common.rollout import rollout
 from trainers.engines import make_engine
 from trainers.engines.generation import GenerationResult, TokenIds, encode_prompts
-from trainers.noise.members import LowRankMembers
+from trainers.es.noise.members import LowRankMembers
 
 
 class Scripted:

@@ -9,7 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trainers import es, grpo
+from trainers.es import train as es
+from trainers.rl import grpo
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "writing-an-env.md"
 

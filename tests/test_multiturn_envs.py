@@ -123,7 +123,8 @@ def test_each_env_runs_under_es_grpo_and_eval(env_id, tiny_model_dir, tmp_path):
     import json
 
     import eval.__main__ as eval_cli
-    from trainers import es, grpo
+    from trainers.es import train as es
+    from trainers.rl import grpo
 
     common = ["--env", env_id, "--model", str(tiny_model_dir), "--max-new-tokens", "6", "--eval-limit", "2",
               "--env-args", '{"train_size": 4, "test_size": 2}', "--seed", "0"]
@@ -184,7 +185,8 @@ def test_retry_runs_under_es_grpo_and_eval(tiny_model_dir, tmp_path):
     import json
 
     import eval.__main__ as eval_cli
-    from trainers import es, grpo
+    from trainers.es import train as es
+    from trainers.rl import grpo
 
     args = '{"env": "Countdown-v0", "attempts": 2, "env_args": {"train_size": 4, "test_size": 2}}'
     common = ["--env", "Retry-v0", "--model", str(tiny_model_dir), "--max-new-tokens", "6", "--eval-limit", "2",

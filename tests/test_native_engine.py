@@ -8,7 +8,7 @@ order, so equivalence is asserted at ``test_engines.AGREEMENT`` (95%) of the row
 prints its rate.
 Every rate measured so far is 1.0: the tiny models here, the default model on 12 Conciseness and
 Countdown prompts x 24 tokens, and 64 low-rank rows of Countdown x up to 256 tokens
-(``benchmarks.es_speed``'s shapes).
+(``benchmarks.speed.es``'s shapes).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import torch
 import test_engines as shared
 from conftest import build_tiny_model, build_tiny_qwen2
 from test_engines import PROMPTS, SIGMA, agreement, es_args, log_of
-from trainers import es
+from trainers.es import train as es
 from trainers.engines import EngineUnavailable, make_engine
 from trainers.engines.native import NativeEngine
-from trainers.noise import fullrank, lowrank
-from trainers.noise.members import FullRankMember, LowRankMembers
+from trainers.es.noise import fullrank, lowrank
+from trainers.es.noise.members import FullRankMember, LowRankMembers
 
 def assert_agree(a, b, what: str) -> None:
     shared.assert_agree(a, b, what, "native")
@@ -207,7 +207,7 @@ def test_es_runs_on_the_native_engine(tiny_model_dir, tmp_path):
 
 def test_grpo_and_eval_run_on_the_native_engine(tiny_model_dir, tmp_path):
     import eval.__main__ as cli
-    from trainers import grpo
+    from trainers.rl import grpo
 
     run = tmp_path / "grpo"
     grpo.main(["--env", "tests.toy_envs:Letter-v0", "--model", str(tiny_model_dir), "--out", str(run), "--steps", "2",

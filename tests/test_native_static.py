@@ -2,7 +2,7 @@
 static buffers kept across calls, batch-size buckets, finished rows masked instead of compacted,
 low-rank factors copied into kept tensors, and the graph layer over the step (here a stand-in for
 ``torch.cuda.CUDAGraph`` that, like a graph, warms the step up twice and then returns one logits
-tensor overwritten in place). Only the capture itself needs a GPU (``benchmarks.gpu_check``).
+tensor overwritten in place). Only the capture itself needs a GPU (``benchmarks.gpu.check``).
 
 In fp32 the fixed-shape path's greedy and sampled tokens equal the compacting path's, plain and
 under low-rank members; a row's tokens do not depend on the bucket or the batch it runs in.
@@ -20,8 +20,8 @@ from conftest import build_tiny_model, build_tiny_qwen2
 from trainers.engines.native import NativeEngine
 from trainers.engines.native import engine as native
 from trainers.engines.native import static
-from trainers.noise import lowrank
-from trainers.noise.members import LowRankMembers
+from trainers.es.noise import lowrank
+from trainers.es.noise.members import LowRankMembers
 
 SIGMA = 0.05  # as tests/test_engines.py: a tiny random model's text must change under the members
 PROMPTS = [e.prompt for env in ("Conciseness-v0", "Countdown-v0") for e in llm_envs.make(env).examples("test")[:6]]

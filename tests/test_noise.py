@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from trainers.noise import fullrank
+from trainers.es.noise import fullrank
 
 
 def make_params(dtype=torch.float32, seed=0, fp32_master=True) -> fullrank.Params:
@@ -67,7 +67,7 @@ def test_updates_below_half_a_step_are_not_lost(dtype):
 
 def test_update_through_es_coefficients():
     """theta_new = theta + alpha/N * sum Z_n eps_n with Z the z-scored rewards."""
-    from trainers.es import normalise, update_coefficients
+    from trainers.es.train import normalise, update_coefficients
 
     rewards = np.array([1.0, 0.5, 0.0, 2.0])
     seeds = [11, 12, 13, 14]
@@ -81,14 +81,14 @@ def test_update_through_es_coefficients():
 
 
 def test_zero_std_guard_and_rank_shaping():
-    from trainers.es import normalise
+    from trainers.es.train import normalise
 
     assert normalise(np.array([0.5, 0.5, 0.5])) is None
     assert np.allclose(normalise(np.array([3.0, 1.0, 2.0]), rank_shaping=True), [0.5, -0.5, 0.0])
 
 
 def test_rank_shaping_ties_share_their_average_rank():
-    from trainers.es import normalise, update_coefficients
+    from trainers.es.train import normalise, update_coefficients
 
     ranks = normalise(np.array([1.0, 1.0, 0.0, 2.0, 1.0]), rank_shaping=True)
     assert np.allclose(ranks, [0.0, 0.0, -0.5, 0.5, 0.0])

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import llm_envs
-from trainers import ppo
+from trainers.rl import ppo
 from trainers.engines.hf import HFEngine
-from trainers.ppo import PPO, PPOConfig, gae, ppo_loss, token_rewards
+from trainers.rl.ppo import PPO, PPOConfig, gae, ppo_loss, token_rewards
 from trainers.rl import loop, policy
 from trainers.rl.sampling import sample
 

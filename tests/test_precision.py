@@ -2,8 +2,8 @@
 the environment override, CUDA), that a run records it and keeps its dtype on resume (another
 ``--dtype`` refused before anything is written), and the bf16 path (fp32 masters, bf16 compute) of
 every engine and trainer on tiny models, forced with ``--dtype bf16`` so that it runs on any CPU
-(only its speed depends on the CPU: ``benchmarks.precision``, ``rl_speed``). That bf16 compute
-happened is observed (``benchmarks.compute_dtypes``: the dtype matrix products produce), never
+(only its speed depends on the CPU: ``benchmarks.speed.precision``, ``rl_speed``). That bf16 compute
+happened is observed (``benchmarks.speed.compute_dtypes``: the dtype matrix products produce), never
 taken from the flag."""
 
 from __future__ import annotations
@@ -20,9 +20,10 @@ import torch
 from safetensors.torch import load_file
 
 import llm_envs
-from benchmarks.compute_dtypes import MatmulDtypes
+from benchmarks.speed.compute_dtypes import MatmulDtypes
 from conftest import build_tiny_model
-from trainers import es, grpo, ppo
+from trainers.es import train as es
+from trainers.rl import grpo, ppo
 from trainers.common import hardware, precision
 from trainers.common.models import load_model, save_model
 from trainers.common.precision import resolve_dtype

@@ -8,8 +8,9 @@ import time
 
 import pytest
 
-from trainers import es, grpo
-from trainers.engines import bars
+from trainers.es import train as es
+from trainers.rl import grpo
+from trainers.common import progress as bars
 from trainers.engines.hf import HFEngine
 from trainers.rl import loop
 

@@ -9,9 +9,9 @@ import torch
 
 import llm_envs
 from tests.test_multiturn import Scripted
-from trainers.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
-from trainers.ppo import gae, token_rewards
-from trainers.rl.episodes import last_token, loss_mask, model_token_gae, samples_batch
+from trainers.rl.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
+from trainers.rl.ppo import gae, token_rewards
+from trainers.rl.masking import last_token, loss_mask, model_token_gae, samples_batch
 from trainers.rl.logprobs import Grouped, Padded, token_logprobs
 from trainers.rl.losses import kl_k3
 from trainers.rl.sampling import Samples, sample

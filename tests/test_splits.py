@@ -9,7 +9,7 @@ import pytest
 
 import llm_envs
 from trainers.common.config import ConfigError
-from trainers.common.splits import VALIDATION, WithValidation, carve, prompt_text, split_counts
+from trainers.common.splits import VALIDATION, WithValidation, carve, prompt_key, split_counts
 
 #: rg/basic_arithmetic-v0 with two one-digit terms: ~200 possible questions, so train repeats them.
 SMALL_ARITHMETIC = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, operators=["+", "-"],
@@ -17,7 +17,7 @@ SMALL_ARITHMETIC = dict(min_terms=2, max_terms=2, min_digits=1, max_digits=1, op
 
 
 def texts(examples) -> set[str]:
-    return {prompt_text(e) for e in examples}
+    return {prompt_key(e) for e in examples}
 
 
 def test_no_validation_prompt_is_in_train_on_a_task_that_repeats_its_questions():

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import study, study_config, study_plan, study_record, study_rerender, study_run
+from benchmarks.study import (driver as study, config as study_config, plan as study_plan, record as study_record,
+                              rerender as study_rerender, run as study_run)
 
 LETTER = "toy_envs:Letter-v0"  # reward = share of "a" characters in the completion
 LABELS = ("ES (full-rank)", "ES (low-rank)", "GRPO", "Dr.GRPO", "PPO")
@@ -268,7 +269,7 @@ def test_a_study_resumed_on_another_device_is_refused(tmp_path, tiny_model_dir, 
 
 
 def test_the_report_refuses_mixed_numerics():
-    from benchmarks.study_report import numerics
+    from benchmarks.study.report import numerics
 
     base = {"greedy": {"device": "cpu", "dtype": "float32"}}
     run = {"label": "GRPO", "runtime": ["cpu float32"], "greedy": {"device": "cpu", "dtype": "float32"}}
@@ -418,7 +419,7 @@ def test_round_two_presets_give_grids_the_verdict_rules_compare(name, tmp_path):
     full-rank ES's sigma keeps each member's perturbation in bf16 (correlation 0.93 at 1e-3, docs/es.md)."""
     from pathlib import Path
 
-    from benchmarks.verdicts import Study, step_grid
+    from benchmarks.study.verdicts import Study, step_grid
     from trainers.common.config import load_yaml
 
     cfg = study.StudyConfig(**load_yaml(Path("benchmarks/configs") / name))

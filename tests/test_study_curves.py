@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from benchmarks import study, study_curves, study_rerender
+from benchmarks.study import driver as study, curves as study_curves, rerender as study_rerender
 
 
 def curve_argv(out, model_dir, *extra: str) -> list[str]:
@@ -52,7 +52,7 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     assert not list(out.glob("curves/*/*/*/final"))  # weights deleted once every budget is measured
     assert "curve_budgets" not in json.loads((out / "study.json").read_text())  # an extension, not the grid
     # the curve's completions are evidence too: counted, and rescored to the same table
-    from benchmarks import evidence
+    from benchmarks.study import evidence
 
     assert evidence.main([str(out)]).count("(curve)") == 2 * 3 * 2  # 2 methods x 3 budgets x (greedy, kl)
     evidence.main([str(out), "--rescore", str(tmp_path / "rescored")])

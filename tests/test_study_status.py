@@ -1,13 +1,13 @@
-"""``python -m benchmarks.study_status``: the runs and curve points of a study done and left, and the
+"""``python -m benchmarks.study.status``: the runs and curve points of a study done and left, and the
 time left estimated from each method's finished runs, on a study directory written by hand."""
 
 import json
 
 import pytest
 
-from benchmarks import study_status
-from benchmarks.study_config import StudyConfig
-from benchmarks.study_plan import plan
+from benchmarks.study import status as study_status
+from benchmarks.study.config import StudyConfig
+from benchmarks.study.plan import plan
 
 
 def write_record(run, train_s: float, wall_s: float, val: float = 0.5, test: float = 0.5) -> None:

@@ -1,4 +1,4 @@
-"""benchmarks.task_selection: the table and results of a preset on a tiny model, resuming, the
+"""benchmarks.study.task_selection: the table and results of a preset on a tiny model, resuming, the
 what-if extraction of an unclosed final <answer> block, and one-line errors."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import yaml
 
 import llm_envs
-from benchmarks import task_selection as ts
+from benchmarks.study import task_selection as ts
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -1,4 +1,4 @@
-"""Our environments in TRL's GRPOTrainer (``llm_envs.trl``, the ``trl`` extra; skipped without it):
+"""Our environments in TRL's GRPOTrainer (``trainers.trl``, the ``trl`` extra; skipped without it):
 the dataset's prompts are the token ids our engines feed the model, openings included; the
 reward scores TRL's completions as our rollouts do; and docs/environments.md's example trains for
 two steps on a tiny random model, on a CPU."""
@@ -15,7 +15,7 @@ pytest.importorskip("datasets")
 
 import llm_envs  # noqa: E402
 from llm_envs import BatchScorer  # noqa: E402
-from llm_envs.trl import EnvReward, dataset, prompt_text  # noqa: E402
+from trainers.trl import EnvReward, dataset, prompt_text  # noqa: E402
 from trainers.common.rollout import rollout  # noqa: E402
 from trainers.engines.generation import GenerationResult, encode_prompts, render_prompt  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Multi-turn envs in TRL's GRPOTrainer through ``rollout_func`` (``trainers.common.trl_episodes``)."""
+"""Multi-turn envs in TRL's GRPOTrainer through ``rollout_func`` (``trainers.trl``)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import pytest
 trl = pytest.importorskip("trl")
 
 import llm_envs  # noqa: E402
-from llm_envs.trl import dataset  # noqa: E402
+from trainers.trl import dataset  # noqa: E402
 from tests.test_multiturn import Scripted  # noqa: E402
-from trainers.common import trl_episodes  # noqa: E402
-from trainers.common.trl_episodes import EpisodeReturn, EpisodeRollout  # noqa: E402
+from trainers import trl as trl_episodes  # noqa: E402
+from trainers.trl import EpisodeReturn, EpisodeRollout  # noqa: E402
 
 
 def test_grpo_trainer_trains_on_episodes(tiny_model, tiny_tokenizer, tmp_path, monkeypatch):
@@ -45,5 +45,5 @@ def test_grpo_trainer_trains_on_episodes(tiny_model, tiny_tokenizer, tmp_path, m
 
 def test_a_prompt_that_is_no_examples_is_refused(tiny_tokenizer):
     rollout = EpisodeRollout(llm_envs.make("GuessNumber-v0", train_size=2, test_size=1), tiny_tokenizer)
-    with pytest.raises(KeyError, match="llm_envs.trl.dataset"):
+    with pytest.raises(KeyError, match="trainers.trl.dataset"):
         rollout.example_of("some other prompt", 0)

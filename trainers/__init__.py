@@ -1,15 +1,18 @@
-"""ES and RL fine-tuning: the algorithms here, one file each, read top to bottom; their parts below.
+"""ES and RL fine-tuning: each algorithm family a package, what both use in ``common/``.
 
-- ``es.py``, ``grpo.py``, ``ppo.py``: the algorithms (``python -m trainers.es|grpo|ppo``).
-- ``sweep.py``: a hyperparameter grid selected on validation, reported on test.
-- ``replay.py``: an ES run's model rebuilt from its logged seeds alone.
-- ``rl/``: what only the RL methods need: the shared loop, losses, log-probs, sampling, policy, checkpoints,
-  and sharding over several processes (FSDP2).
-- ``common/``: what every trainer uses: config and CLI, run directories, models, precision (the one dtype decision),
-  rollouts, splits, budget, progress, processes; ES's update log and masters.
-- ``engines/``: generation behind one interface: Hugging Face ``generate``, a native decode loop, vLLM.
-- ``noise/``: ES perturbations: full-rank Gaussian noise, low-rank populations, what an engine call evaluates.
+- ``es/``: Evolution Strategies (``python -m trainers.es``): the algorithm read top to bottom
+  (``train.py``), its noise, fp32 masters, update log, replay and start.
+- ``rl/``: GRPO, Dr.GRPO (``python -m trainers.grpo``) and PPO (``python -m trainers.ppo``): the
+  algorithms, the loop they share, losses, log-probs, sampling, policy, checkpoints and sharding
+  over several processes (FSDP2).
+- ``common/``: what both families use: config and CLI, the runtime resolved once (model, dtype,
+  engine), run directories, models, precision, rollouts and episodes, splits, budgets, held-out
+  evaluation, progress, processes.
+- ``engines/``: generation behind one interface: Hugging Face ``generate``, a native decode loop,
+  vLLM.
+- ``grpo.py``, ``ppo.py``: the RL entry points; ``sweep.py``: a hyperparameter grid selected on
+  validation, reported on test; ``trl.py``: our envs in TRL's ``GRPOTrainer``.
 
-Folders import only downwards in that list (``tests/test_layout.py``): an algorithm uses ``rl/``,
-``common/``, ``engines/`` and ``noise/``; the engines know perturbations, never ES or RL.
+Which part may import which is stated in ``tests/test_layout.py``: the engines know the
+perturbations (``es/noise/``) and the progress display, never ES or RL.
 """

@@ -1,7 +1,13 @@
-"""What every trainer uses (ES and RL alike): config and CLI (``config.py``; its parser in ``cli.py``),
-run directories (``run_dir.py``), models (``models.py``; the default model's fetch and conversion in
-``default_model.py``), the compute dtype (``precision.py``, the one place that decides it), rollouts
-(``rollout.py``), splits (``splits.py``), sample budgets (``budget.py``), progress and projections
-(``progress.py``), processes (``distributed.py``), held-out evaluation (``held_out.py``); and ES's
-run machinery: its update log (``update_log.py``), fp32 masters on disk (``masters.py``) and start
-messages (``es_start.py``)."""
+"""What both algorithm families use (ES and RL alike; ``tests/test_layout.py`` keeps it so):
+
+- ``runtime.py``: the runtime resolved once (the model's config, the compute dtype, the engine);
+- ``config.py``: options and the command line (its parser in ``cli.py``);
+- ``run_dir.py``: run directories (``files.py``: atomic writes);
+- ``models.py``: loading and saving models (``default_model.py``: the default model's fetch and
+  conversion); ``precision.py``: the compute dtype's rules and probe; ``hardware.py``: this machine;
+- ``rollout.py``: generate and score (``episodes.py``: multi-turn episodes); ``held_out.py``: the
+  held-out evaluation a run logs; ``splits.py``: train, validation and test; ``budget.py``: sample
+  budgets;
+- ``progress.py``: progress bars and the run's time projection;
+- ``distributed.py``: several processes.
+"""

@@ -28,7 +28,7 @@ from trainers.common.cli import Parser  # noqa: F401  (every command's parser; i
 from trainers.common.precision import DTYPE_CHOICES, Decision
 from trainers.common.run_dir import RunDirError, recorded_dtype
 from trainers.engines.options import EngineOptions, EngineUnavailable
-from trainers.noise.lowrank import LayerError
+from trainers.es.noise.lowrank import LayerError
 
 C = TypeVar("C")
 

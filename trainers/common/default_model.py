@@ -19,7 +19,7 @@ import time
 import zipfile
 from pathlib import Path
 
-from trainers.engines.bars import bar
+from trainers.common.progress import bar
 
 DEFAULT_MODEL = "smollm2-135m"
 

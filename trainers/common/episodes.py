@@ -36,7 +36,7 @@ from llm_envs.multiturn import TurnExample, TurnScore
 from trainers.engines.base import Engine
 from trainers.engines.generation import END_OF_TURN_TOKENS, TokenIds, encode_prompts
 from trainers.engines.sampling import Seeds, row_seeds
-from trainers.noise.members import LowRankMembers, Perturbation
+from trainers.es.noise.members import LowRankMembers, Perturbation
 
 _DUMMY = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]
 

@@ -33,7 +33,7 @@ from trainers.common.files import atomic_directory
 # the dtype vocabulary lives in precision.py (the one place that decides); re-exported for callers
 from trainers.common.precision import (DTYPE_CHOICES, compute_context, compute_dtype, dtype_name,  # noqa: F401
                                        resolve_dtype, set_compute_dtype)
-from trainers.engines.bars import live
+from trainers.common.progress import live
 
 # ----- devices and paths -------------------------------------------------------------------------
 

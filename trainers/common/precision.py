@@ -20,7 +20,7 @@ A run records its ``Decision`` (dtype, how it was decided, the probe's numbers) 
 and keeps its dtype for good: a resume with another explicit ``--dtype`` is refused (``settle``)
 before anything in the run directory is written.
 
-bf16 runs keep fp32 masters: ES an fp32 copy of every bf16 weight (``trainers/noise/fullrank.py``),
+bf16 runs keep fp32 masters: ES an fp32 copy of every bf16 weight (``trainers/es/noise/fullrank.py``),
 the RL trainers fp32 weights, gradients and AdamW, computing under autocast (``set_compute_dtype``).
 """
 

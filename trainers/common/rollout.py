@@ -21,7 +21,7 @@ from trainers.common.episodes import Episode, generation_of, run_episodes
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult
 from trainers.engines.sampling import Seeds
-from trainers.noise.members import Perturbation
+from trainers.es.noise.members import Perturbation
 
 
 def batch_for(examples: Sequence[Example], size: int, seed: int, step: int) -> list[Example]:

@@ -35,7 +35,7 @@ MIN_VALIDATION = 8
 CARVE_SEED = 20240917  # fixed: the carve depends on the training split and K only
 
 
-def prompt_text(example: Example) -> str:
+def prompt_key(example: Example) -> str:
     """The text that makes two examples the same question: the whole prompt (every message)."""
     return json.dumps(example.prompt, sort_keys=True, ensure_ascii=False)
 
@@ -61,7 +61,7 @@ def carve(n: int, size: int, keys: Sequence[str] | None = None) -> list[int]:
 
 def split_counts(examples: Sequence[Example]) -> dict[str, int]:
     """A split's number of examples and of distinct prompts."""
-    return {"examples": len(examples), "prompts": len({prompt_text(e) for e in examples})}
+    return {"examples": len(examples), "prompts": len({prompt_key(e) for e in examples})}
 
 
 def measured_split_counts(env, splits: Sequence[str], limit: int | None = None) -> dict[str, dict[str, int]]:
@@ -84,7 +84,7 @@ class WithValidation:
         if not 1 <= size < len(train):
             raise ConfigError(f"--val-size {size}: the train split has {len(train)} examples; the validation "
                               f"split takes 1 to {len(train) - 1} of them")
-        held = set(carve(len(train), size, [prompt_text(e) for e in train]))
+        held = set(carve(len(train), size, [prompt_key(e) for e in train]))
         if not held:
             raise ConfigError(f"--val-size {size}: every prompt of the train split repeats more than {size} times; "
                               f"no whole prompt fits a validation split that small")

@@ -2,7 +2,7 @@
 
 An engine completes a list of rows (a prompt each, one set of decoding settings, a seed) and
 returns a ``GenerationResult``; it may evaluate an ES perturbation while it does
-(``trainers/noise/members.py``: one full-rank member, or a whole low-rank population).
+(``trainers/es/noise/members.py``: one full-rank member, or a whole low-rank population).
 
 ``sync_weights`` tells the engine that the model's weights changed (an ES update, an optimizer
 step); engines that generate with the model itself (``hf``) have nothing to do.
@@ -19,8 +19,8 @@ import torch
 
 from trainers.engines.generation import GenerationResult, Prompt
 from trainers.engines.sampling import Seeds
-from trainers.noise import fullrank
-from trainers.noise.members import FullRankMember, Perturbation
+from trainers.es.noise import fullrank
+from trainers.es.noise.members import FullRankMember, Perturbation
 
 
 class Engine(ABC):

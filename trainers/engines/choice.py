@@ -9,9 +9,9 @@ same model on the same device. The rule and the measurements behind it (``docs/e
   workload (default model, side by side in one run): plain generation 1.13-1.28x HF at 48 tokens,
   5.1x at up to 256 (HF keeps finished rows and grows its cache by concatenation); low-rank ES
   1.16-3.95x; full-rank ES 1.31x in fp32, 1.09x in bf16. An RL step's sampling is the same plain
-  sampled generation (``benchmarks.rl_speed``: ours on native 13-25 s against TRL's HF
+  sampled generation (``benchmarks.speed.rl``: ours on native 13-25 s against TRL's HF
   ``generate`` 37-49 s on the same batch; our hf engine was not in that run).
-- **CUDA, a model native runs: native.** On an H200 (``benchmarks.gpu_check``): generation 5128
+- **CUDA, a model native runs: native.** On an H200 (``benchmarks.gpu.check``): generation 5128
   against 2400 tokens/s, a low-rank ES iteration 2.8 against 3.1 s.
 - **A model native does not run** (another architecture, sliding-window attention): **hf**.
 - **Any other device** (MPS, ...): **hf**; native has not been run there.

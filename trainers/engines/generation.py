@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llm_envs.templates import render_chat as render_prompt  # the one rule, shared with llm_envs.trl
-from trainers.engines.bars import RowProgress, rows_bar
+from llm_envs.templates import render_chat as render_prompt  # the one rule, shared with trainers.trl
+from trainers.common.progress import RowProgress, rows_bar
 from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
 Message = dict[str, str]

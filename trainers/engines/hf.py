@@ -11,8 +11,8 @@ import contextlib
 
 from trainers.engines.base import ModelWeightsEngine
 from trainers.engines.generation import GenerationResult, generate
-from trainers.noise import lowrank
-from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise import lowrank
+from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 
 class HFEngine(ModelWeightsEngine):

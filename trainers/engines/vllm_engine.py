@@ -46,13 +46,13 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
-from trainers.engines.bars import rows_bar
+from trainers.common.progress import rows_bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
 from trainers.engines.sampling import row_seeds
-from trainers.noise import fullrank
-from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise import fullrank
+from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 #: Longest prompt + completion the engine accepts (its KV cache must hold one such row).
 MAX_MODEL_LEN = 8192
@@ -194,7 +194,7 @@ class VLLMEngine(Engine):
     def generate_with_adapters(self, prompts, max_new_tokens: int, adapters: Sequence, min_new_tokens: int = 0):
         """Greedy completions, row k under LoRA adapter ``adapters[k]`` (a ``LoRARequest``; the
         engine needs ``enable_lora=True``). The multi-LoRA route to low-rank members, which
-        ``benchmarks.es_speed`` measures against the hooks."""
+        ``benchmarks.speed.es`` measures against the hooks."""
         return self._complete(prompts, 1, lambda k: self._sampling_params(
             n=1, temperature=0.0, max_tokens=max_new_tokens, min_tokens=min(min_new_tokens, max_new_tokens),
             stop_token_ids=list(self.stops), ignore_eos=True, detokenize=False), lora_request=list(adapters))

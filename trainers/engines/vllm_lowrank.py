@@ -25,8 +25,8 @@ from collections.abc import Iterator
 import torch
 
 from trainers.engines.options import EngineUnavailable
-from trainers.noise import lowrank
-from trainers.noise.members import LowRankMembers
+from trainers.es.noise import lowrank
+from trainers.es.noise.members import LowRankMembers
 
 
 class LowRankHooks:

@@ -24,13 +24,14 @@ import llm_envs
 from trainers.common import distributed
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError, TrainConfig, check, settle_dtype, to_dict
+from trainers.common.held_out import HeldOut
 from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
-from trainers.common.rollout import batch_for, eval_examples, evaluate
+from trainers.common.rollout import batch_for, eval_examples
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
-from trainers.engines.bars import bar
+from trainers.common.progress import bar
 from trainers.engines.choice import resolve_engine
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
@@ -194,21 +195,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, share.stop - share.start, eval_rows,
                      evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
         if ranks.is_main else None
-    # steps whose model has a held-out record (a resumed run keeps those up to ``done``)
-    evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
-        if cfg.resume else set()
-
-    def held_out(step: int) -> None:  # every rank evaluates its share of the examples
-        evaluated.add(step)
-        ranks.dist.phase = f"the held-out evaluation of step {step}"
-        scores = evaluate(engine, scorer, cfg.eval_split, cfg.max_new_tokens, cfg.gen_batch_size,
-                          cfg.eval_limit, ranks.rank, ranks.world, ranks.dist.sum,
-                          progress=ranks.is_main and f"held-out {cfg.eval_split} (step {step})",
-                          on_progress=clock and clock.evaluation)
-        run.log({"iteration": step, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
-                 "eval_n": scores["n"]}, step)
-        say(f"[step {step}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, reward {scores['reward']:.4f}")
-        ranks.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
+    held_out = HeldOut(cfg, engine, scorer, run, ranks.dist, say, cfg.gen_batch_size, clock,
+                       done if cfg.resume else None, unit="step")
 
     if done == 0:
         held_out(0)
@@ -257,7 +245,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                             batch={"buffer": buffer, "used": used} if used < cfg.epochs else None, ranks=ranks)
         steps.set_postfix(reward=f"{record['reward_mean']:.4f}", loss=f"{record['loss']:.4f}")
     steps.close()
-    if step not in evaluated:  # also after a kill during the final evaluation: the final model is measured
+    if step not in held_out.evaluated:  # also after a kill during the final evaluation: the final model is measured
         held_out(step)
     ranks.dist.phase = "the final save"
     save_final(ranks, model, tokenizer, run.path / "final")

@@ -29,7 +29,7 @@ class Samples:
     rewards: torch.Tensor  # [B] float32
     correct: torch.Tensor  # [B] bool
     group_size: int
-    # Multi-turn episodes (``trainers.rl.episodes``): a completion is everything after the first
+    # Multi-turn episodes (``trainers.rl.masking``): a completion is everything after the first
     # prompt, model turns and env turns; per token 1 = the model's (trained on), 0 = the env's.
     loss_masks: list[list[int]] | None = None
 

@@ -10,7 +10,7 @@ import time
 import torch
 
 from trainers.engines.base import ModelWeightsEngine
-from trainers.engines.bars import RowProgress, rows_bar
+from trainers.common.progress import RowProgress, rows_bar
 from trainers.engines.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of,
                                          rows_that_fit, stop_token_ids)
 from trainers.engines.native.model import Decoder, left_padded, prefill_mask, unsupported
@@ -18,7 +18,7 @@ from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
 from trainers.engines.options import EngineUnavailable
 from trainers.engines.sampling import Sampler, row_seeds, row_uniforms
-from trainers.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
 
 
 class NativeEngine(ModelWeightsEngine):

@@ -1,6 +1,6 @@
 """Low-rank members inside the native decoder, with per-row factors.
 
-Member k perturbs a weight W by ``sign_k * sigma * A_k B_k^T / sqrt(R)`` (``trainers/noise/lowrank.py``,
+Member k perturbs a weight W by ``sign_k * sigma * A_k B_k^T / sqrt(R)`` (``trainers/es/noise/lowrank.py``,
 whose ``Population`` draws the factors, so every engine sees the same members; in a bf16 model
 the factors' bf16 copies, the term added in the output's own rounding). The decoder asks
 ``add(layer, group, x, outs)`` after each group of products that share an input x (q/k/v,
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from trainers.noise.lowrank import ELEMENTWISE_MAX_RANK, Population
+from trainers.es.noise.lowrank import ELEMENTWISE_MAX_RANK, Population
 
 #: The projections of a decoder layer, by the input they share.
 GROUPS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),

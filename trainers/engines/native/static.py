@@ -43,7 +43,7 @@ from collections.abc import Callable
 
 import torch
 
-from trainers.engines.bars import RowProgress
+from trainers.common.progress import RowProgress
 from trainers.engines.native.model import Decoder, left_padded, prefill_mask
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.sampling import Sampler
@@ -53,7 +53,7 @@ LENGTH_STEP = 128
 #: Steps between the host's looks at which rows are done (each look waits for the device).
 SYNC_EVERY = 8
 #: ``LLM_ENVS_CUDA_GRAPHS=1``: fixed shapes and graphs by default on CUDA. Off until the path has run
-#: on a GPU (``benchmarks.gpu_speed`` turns it on for its own rows): an untried capture is not a default.
+#: on a GPU (``benchmarks.gpu.speed`` turns it on for its own rows): an untried capture is not a default.
 GRAPHS_ENV = "LLM_ENVS_CUDA_GRAPHS"
 
 

@@ -1,0 +1,166 @@
+"""Where a study stands, without starting anything: the study's own command line, with
+``study_status`` in place of ``study``, prints the runs and learning-curve points done and left,
+and the time left, estimated from the runs finished so far.
+
+    python -m benchmarks.study.status --config benchmarks/configs/study_rg_arithmetic_round2_cpu.yaml \\
+        --out docs/study-rg-arithmetic-r2
+
+The estimate uses each method's median over its finished runs (a median, so that one run that
+was paused or shared the CPU does not decide it): its training seconds, and the rest of its wall
+time (start-up, the final model's measurements). A run's training seconds are its iterations
+times their median where its log is on this machine (one paused iteration does not decide them
+either), else its record's sum (a fresh clone has the records only). A curve segment from budget b0 to b trains
+(b - b0) / --max-samples times a grid run's training and is measured once. A method with no
+finished run yet is left out of the estimate, and the output says so. While the grid runs, it
+also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
+mean test pass@1 and reward.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from benchmarks.study.config import LABELS, StudyConfig
+from benchmarks.study.curves import RECORD as CURVE_RECORD
+from benchmarks.study.curves import budgets
+from benchmarks.study.plan import Run, plan
+from benchmarks.study.run import RECORD
+from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
+from trainers.common.run_dir import read_jsonl
+
+
+@dataclass
+class Cost:
+    """A method's median seconds per grid run: training, and everything else (start-up, measuring)."""
+    train: float
+    other: float
+
+
+def training_seconds(record: dict, path: Path) -> float:
+    """A finished run's training seconds (see the module docstring)."""
+    its = [r["seconds"] for r in read_jsonl(path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+    return len(its) * statistics.median(its) if its else record["validation"]["seconds"]
+
+
+def costs(finished: list[tuple[dict, Path]]) -> dict[str, Cost]:
+    """Each method's ``Cost``, from its finished runs: (record, run directory)."""
+    by_method: dict[str, list[Cost]] = {}
+    for record, path in finished:
+        other = record["wall_seconds"] - record["validation"]["seconds"]  # the record's own sum: pauses cancel
+        by_method.setdefault(record["method"], []).append(Cost(training_seconds(record, path), other))
+    return {m: Cost(statistics.median(c.train for c in cs), statistics.median(c.other for c in cs))
+            for m, cs in by_method.items()}
+
+
+def curve_points(out: Path, method: str, seed: int) -> set[int]:
+    """The budgets already measured on the curve of ``method``'s selected setting, ``seed``."""
+    files = list((out / "curves" / method).glob(f"*/seed={seed}/{CURVE_RECORD}"))
+    return {p["budget"] for f in files for p in json.loads(f.read_text())}
+
+
+def status(cfg: StudyConfig, out: Path) -> str:
+    """The report: runs done, curve points done, time left (see the module docstring)."""
+    if not (out / "study.json").is_file():
+        return f"{out}: no study there yet (study.json missing); the study's command starts it"
+    runs = plan(cfg, out)
+    finished = [(json.loads((r.path / RECORD).read_text()), r.path) for r in runs if (r.path / RECORD).is_file()]
+    records = [record for record, _ in finished]
+    cost = costs(finished)
+    done = {(r["method"], r["setting"], r["seed"]) for r in records}
+    left = [r for r in runs if (r.method, r.setting, r.seed) not in done]
+    grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)
+
+    points = budgets(cfg)
+    curve_done, curve_left, curve_next = 0, 0.0, None
+    for seed in range(cfg.seeds):  # the order the curves run in
+        for method in cfg.method_list:
+            measured = curve_points(out, method, seed)
+            curve_done += len(measured & set(points))
+            missing = [b for b in points if b not in measured]
+            if missing and curve_next is None:
+                curve_next = f"the curve of {LABELS[method]} seed={seed} to {missing[0]} responses"
+            if method not in cost:
+                continue
+            curve_left += sum(cost[method].train * (b - b0) / cfg.max_samples + cost[method].other
+                              for b0, b in zip([0, *points], points) if b not in measured)
+
+    lines = [f"study {out}: grid {len(records)} of {len(runs)} runs done"
+             + (f"; learning curves {curve_done} of {len(points) * cfg.seeds * len(cfg.method_list)} points "
+                f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
+    if left:
+        nxt = left[0]
+        lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")
+    elif curve_next:
+        lines.append(f"next or running: {curve_next}")
+    counted = [m for m in cfg.method_list if m in cost]
+    complete = not left and curve_done == len(points) * cfg.seeds * len(cfg.method_list)
+    if complete:
+        lines.append("nothing left: the same command renders the report")
+    else:
+        lines.append(f"time left on this machine, estimated from the finished runs: grid {hours(grid_left)}"
+                     + (f", curves {hours(curve_left)}, total {hours(grid_left + curve_left)}" if points else "")
+                     + ("" if len(counted) == len(cfg.method_list) else
+                        f"; without {', '.join(LABELS[m] for m in cfg.method_list if m not in cost)} "
+                        f"(no finished run to estimate from)"))
+    for method in counted:
+        c, n = cost[method], sum(r["method"] == method for r in records)
+        lines.append(f"  {LABELS[method]}: runs done {n}, per run (median) {c.train / 60:.1f} min training + "
+                     f"{c.other / 60:.1f} min start-up and measuring")
+    if left and records:
+        lines += ["finished settings so far (means over the seeds done; the study selects on validation once "
+                  "the grid is done):", *so_far(runs, records)]
+    return "\n".join(lines)
+
+
+def so_far(runs: list[Run], records: list[dict]) -> list[str]:
+    """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
+    their mean test pass@1 and reward (greedy); in the plan's order (the study's methods, each
+    method's settings in the grid's order)."""
+    by_setting: dict[tuple[str, str], list[dict]] = {(r.method, r.setting): [] for r in runs}
+    for r in sorted(records, key=lambda r: r["seed"]):
+        by_setting[r["method"], r["setting"]].append(r)
+    lines = []
+    for (method, setting), rs in by_setting.items():
+        if not rs:
+            continue
+
+        def mean(part: str, key: str) -> float:
+            return statistics.fmean(r[part][key] for r in rs)
+        lines.append(f"  {LABELS[method]} {setting}, seeds {', '.join(str(r['seed']) for r in rs)}: validation "
+                     f"pass@1 {mean('validation', 'eval_pass@1'):.3f}; test pass@1 {mean('greedy', 'pass@1'):.3f}, "
+                     f"reward {mean('greedy', 'reward_mean'):.3f}")
+    return lines
+
+
+def progress(path: Path) -> str:
+    """How far a started run's log goes, e.g. " (3 of 8 iterations logged)"; "" for a run not started."""
+    config = path / "config.yaml"
+    if not config.is_file():
+        return ""
+    saved = load_yaml(config)
+    unit, total = ("iterations", saved.get("iterations")) if "iterations" in saved else ("steps", saved.get("steps"))
+    logged = sum("reward_mean" in r for r in read_jsonl(path / "log.jsonl"))
+    return f" ({logged} of {total} {unit} logged)"
+
+
+def hours(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 3600 else f"{seconds / 60:.0f} min"
+
+
+def main(argv: list[str] | None = None) -> str:
+    def report(cfg: StudyConfig) -> str:
+        if not cfg.out:
+            raise ConfigError("--out: the study's directory (the --out its own command was given)")
+        text = status(cfg, Path(cfg.out))
+        print(text)
+        return text
+
+    return run_main(functools.partial(parse_config, StudyConfig, description=__doc__.split("\n\n")[0]), report, argv)
+
+
+if __name__ == "__main__":
+    main()
