@@ -35,12 +35,12 @@ from llm_envs.multiturn import is_multiturn
 from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
-from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype, resolve_dtype
+from trainers.common import runtime
+from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype
 from trainers.common.episodes import episode_row, episode_summary
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
-from trainers.engines.choice import choose_engine
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
 
@@ -160,14 +160,16 @@ class LazyModel:
     def __init__(self, path: str, device: str | None, cache: Cache, dtype: str | None = None,
                  engine: EngineOptions | None = None):
         self.path, self.cache = path, cache
-        self.engine_options = (engine or EngineOptions()).engine_options()
-        self.engine_why = f"--engine {self.engine_options.engine} (given, or the trainer run's)"
+        options = (engine or EngineOptions()).engine_options()
         self._engine = None
-        try:
+        try:  # the model's config, the dtype and the engine, resolved once from the config alone
             self.device = resolve_device(device)
-            self.dtype = resolve_dtype(dtype, self.device, path)
+            self.resolved = runtime.resolve(path, self.device, dtype, options.engine)
         except ValueError as exc:  # an unavailable device, an unknown dtype
             raise ConfigError(str(exc)) from None
+        self.dtype = self.resolved.precision.torch_dtype
+        self.engine_options = self.resolved.engine_options(options)
+        self.engine_why = self.resolved.engine_why
         self._loaded: tuple[Any, Any] | None = None
         self._fingerprint: str | None = None
 
@@ -194,20 +196,12 @@ class LazyModel:
     @property
     def engine_name(self) -> str:
         """The engine that generates (part of cache keys)."""
-        return self._engine_options().engine
-
-    def _engine_options(self) -> EngineOptions:
-        """The engine options, ``auto`` resolved for this model on this device (``trainers.engines.choice``),
-        from the model's config alone where it is on disk (a fully cached evaluation loads no weights)."""
-        if self.engine_options.engine == AUTO:
-            config = self._loaded[0].config if self._loaded else local_config(self.path)
-            self.engine_options.engine, self.engine_why = choose_engine(config or self.get()[0].config, self.device)
-        return self.engine_options
+        return self.engine_options.engine
 
     def engine(self):
         """The generation engine over the loaded model (started on first use, then kept)."""
         if self._engine is None:
-            self._engine = make_engine(self._engine_options(), *self.get())
+            self._engine = make_engine(self.engine_options, *self.get())
         return self._engine
 
     def close(self) -> None:
@@ -227,20 +221,6 @@ class LazyModel:
                 if stamp:
                     self.cache.put(stamp, {"fingerprint": self._fingerprint, "path": self.path})
         return self._fingerprint
-
-
-def local_config(path: str):
-    """The ``transformers`` config of a model on disk (the default model's converted copy, a local
-    directory, the Hugging Face cache), without its weights; None when it is not there."""
-    from transformers import AutoConfig
-
-    from trainers.common.models import ALIASES, cache_dir
-
-    directory = cache_dir() / ALIASES[path.lower()] if path.lower() in ALIASES else path
-    try:
-        return AutoConfig.from_pretrained(directory, local_files_only=True)
-    except (OSError, ValueError):
-        return None
 
 
 def _weights_stamp(path: str, dtype: str) -> str | None:

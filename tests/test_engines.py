@@ -81,23 +81,25 @@ def test_auto_picks_native_where_it_runs_the_model_on_cpu_or_cuda_and_hf_elsewhe
     assert choose_engine(windowed, "cpu").engine == "hf"
 
 
-def test_every_command_defaults_to_auto_and_resolves_it_alike(tiny_model, tiny_tokenizer, tiny_model_dir):
+def test_every_command_defaults_to_auto_and_resolves_it_alike(tiny_model, tiny_tokenizer, tiny_model_dir, tmp_path):
     from eval.harness import EvalConfig
+    from trainers.common import runtime
     from trainers.rl import ppo
-    from trainers.engines.choice import resolve_engine
     from trainers.engines.hf import HFEngine
     from trainers.engines.native import NativeEngine
 
     assert build_config(es.ESConfig, {"noise": "lowrank"}).engine == "auto"
     assert grpo.resolve([]).engine == grpo.resolve(["--loss", "dr_grpo"]).engine == ppo.resolve([]).engine == "auto"
     assert build_config(EvalConfig, {"model": str(tiny_model_dir)}).engine == "auto"  # not a trainer run
-    for noise in ("lowrank", "full"):  # ES: native in both noise modes (full-rank measured 1.31x in fp32)
-        assert es.engine_for(build_config(es.ESConfig, {"noise": noise}), tiny_model)[0].engine == "native"
+    resolved = runtime.resolve(str(tiny_model_dir), "cpu", "fp32")  # the one resolution every command uses
+    assert (resolved.engine, resolved.model_type) == ("native", "llama")
     gpt2 = tiny_gpt2(tiny_tokenizer)
-    assert es.engine_for(build_config(es.ESConfig, {"noise": "lowrank"}), gpt2)[0].engine == "hf"
-    asked = build_config(es.ESConfig, {"engine": "hf"})
-    assert es.engine_for(asked, tiny_model) == resolve_engine(asked.engine_options(), tiny_model)  # one decision
-    assert es.engine_for(asked, tiny_model)[1] == "asked for (--engine hf)"  # an explicit choice stands
+    gpt2.save_pretrained(tmp_path / "gpt2")
+    assert runtime.resolve(str(tmp_path / "gpt2"), "cpu", "fp32").engine == "hf"
+    asked = runtime.resolve(str(tiny_model_dir), "cpu", "fp32", "hf")
+    assert (asked.engine, asked.engine_why) == ("hf", "asked for (--engine hf)")  # an explicit choice stands
+    kept = runtime.resolve(str(tiny_model_dir), "cpu", "auto", recorded={"dtype": "fp32", "engine": "hf"})
+    assert (kept.engine, kept.dtype, kept.precision.how) == ("hf", "fp32", "resumed")  # a resume keeps its own
     assert isinstance(make_engine("auto", tiny_model, tiny_tokenizer), NativeEngine)
     assert isinstance(make_engine("auto", gpt2, tiny_tokenizer), HFEngine)
 

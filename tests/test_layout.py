@@ -109,15 +109,18 @@ def test_layers_import_only_downwards():
     assert not wrong, wrong
 
 
-def test_each_public_function_of_trainers_and_eval_is_defined_once():
-    entry_points = {"train", "resolve", "main"}  # every trainer and command has its own
+def test_each_public_name_is_defined_once():
+    """One home per concept: a public function or class of trainers/, eval/ and benchmarks/ is
+    defined in one module; the verbs every command has (``main``, ``parse``, a child process's
+    ``child``, a benchmark's ``measure``, ...) are each command's own, and each algorithm its ``Batch``."""
+    own = {"train", "resolve", "main", "parse", "child", "measure", "load", "ratios", "run", "Batch"}
     defined: dict[str, list[str]] = {}
-    for package in ("trainers", "eval"):
+    for package in ("trainers", "eval", "benchmarks"):
         for path in sorted((ROOT / package).rglob("*.py")):
             for node in ast.parse(path.read_text()).body:
-                if isinstance(node, ast.FunctionDef) and not node.name.startswith("_"):
+                if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_"):
                     defined.setdefault(node.name, []).append(str(path.relative_to(ROOT)))
-    twice = {name: paths for name, paths in defined.items() if len(paths) > 1 and name not in entry_points}
+    twice = {name: paths for name, paths in defined.items() if len(paths) > 1 and name not in own}
     assert not twice, twice
 
 

@@ -314,3 +314,90 @@ def test_engines_in_bf16_compute_in_bf16_and_agree_with_hf(engine, model32, tiny
         a, b = token_logprobs(model32, batch), token_logprobs(half, batch)
     assert float((a - b)[batch.mask.bool()].abs().max()) < LOGP_BF16_VS_FP32
     assert all(len(t) == 16 for t in bf16.token_ids)
+
+
+# ----- the runtime resolved once (issue 55's review defects) ----------------------------------------
+
+QWEN_7B = dict(hidden_size=3584, intermediate_size=18944, num_attention_heads=28, num_key_value_heads=4,
+               num_hidden_layers=2, vocab_size=1000)
+
+
+def test_a_hub_ids_auto_dtype_probes_that_models_shapes(measuring, monkeypatch):
+    """A hub id's config comes from the Hugging Face cache (here: a stand-in for it): auto on CPU
+    times that model's layer (hidden 3584), never the default model's (576)."""
+    import transformers
+
+    from trainers.common.config import settle_runtime
+
+    calls = measuring(fp32_ms=10.0, bf16_ms=5.0)
+    real = transformers.AutoConfig.from_pretrained
+
+    def from_pretrained(name, *args, **kwargs):
+        if name == "Qwen/Qwen2.5-7B-Instruct":
+            assert kwargs.get("local_files_only"), "the HF cache is tried first"
+            return transformers.Qwen2Config(**QWEN_7B)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(transformers.AutoConfig, "from_pretrained", from_pretrained)
+    cfg = es.resolve(["--model", "Qwen/Qwen2.5-7B-Instruct", "--env", "Conciseness-v0"])
+    resolved = settle_runtime(cfg, CPU)
+    assert [shape["hidden"] for shape, _ in calls] == [3584]
+    assert resolved.shape["hidden"] == 3584 and resolved.precision.probe["shape"]["hidden"] == 3584
+    assert (cfg.dtype, resolved.precision.how, resolved.model_type, resolved.engine) == ("bf16", "measured", "qwen2",
+                                                                                         "native")
+
+
+def test_only_rank_0_decides_and_every_rank_gets_its_runtime(measuring, tiny_model_dir, monkeypatch):
+    """On several processes a rank other than 0 neither looks the model up nor probes: it takes rank
+    0's answer (a trainer's, and the study's, which decided on every rank before)."""
+    from types import SimpleNamespace
+
+    from benchmarks.study.config import StudyConfig, settle_study_runtime
+    from trainers.common import runtime
+    from trainers.common.config import build_config
+
+    calls = measuring(fp32_ms=10.0, bf16_ms=5.0)
+    main = runtime.resolve(str(tiny_model_dir), CPU, "auto")
+    assert main.dtype == "bf16" and len(calls) == 1
+
+    def nothing(*args, **kwargs):
+        raise AssertionError("a rank other than 0 looked the model up")
+
+    monkeypatch.setattr(runtime, "model_config", nothing)
+    monkeypatch.setattr(precision, "probe", nothing)
+    other = runtime.resolve(str(tiny_model_dir), CPU, "auto", broadcast=lambda mine: main if mine is None else mine,
+                            is_main=False)
+    assert other is main
+    cfg = build_config(StudyConfig, {"model": str(tiny_model_dir), "env": "Conciseness-v0"})
+    assert (cfg.dtype, cfg.engine) == ("auto", "auto")  # nothing is decided while the options are read
+    rank1 = SimpleNamespace(is_main=False, from_main=lambda mine: main if mine is None else mine)
+    settle_study_runtime(cfg, None, rank1)
+    assert (cfg.dtype, cfg.engine) == ("bf16", "native")
+
+
+def test_the_benchmark_header_never_probes(measuring):
+    calls = measuring(fp32_ms=10.0, bf16_ms=5.0)
+    assert "--dtype auto: not measured here yet" in precision.header_line(CPU)
+    assert calls == []  # printing a header measured nothing, and cached nothing
+    decision = precision.decide(CPU)
+    assert decision.how == "measured" and len(calls) == 1
+    assert "--dtype auto: bf16 (cached: bf16 2.00x" in precision.header_line(CPU) and len(calls) == 1  # the cached one
+
+
+def test_es_keeps_fp32_masters_per_tensor_in_a_mixed_precision_model(tiny_model):
+    """A model whose first tensor is fp32 and the rest bf16 (norms kept in fp32, say): every bf16
+    tensor gets its master, not none because the first one needs none."""
+    model = copy.deepcopy(tiny_model).to(torch.bfloat16)
+    first = next(model.parameters())
+    first.data = first.data.float()
+    params, _ = es.perturbable(model, build_es_config({"noise": "full"}))
+    assert params.tensors[0].dtype == torch.float32 and params.masters[0] is None
+    for tensor, master in zip(params.tensors, params.masters):
+        assert (master is not None) == (tensor.dtype != torch.float32), tensor.dtype
+    assert sum(m is not None for m in params.masters) == len(params.masters) - 1
+
+
+def build_es_config(values):
+    from trainers.common.config import build_config
+
+    return build_config(es.ESConfig, {"env": "Conciseness-v0", **values})

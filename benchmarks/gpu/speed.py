@@ -90,7 +90,7 @@ class Row:
                 f"{self.tokens / self.seconds:,.0f} | {share} | {self.note} |")
 
 
-class Budget:
+class TimeBudget:
     """Seconds a run may start rows in (``--budget``): a row not started by then is skipped, so the
     whole command ends near a known time on a GPU lent for minutes. ``None``: no limit."""
 
@@ -104,10 +104,10 @@ class Budget:
         return f"skipped: the --budget of {self.seconds:g} s was spent before it started"
 
 
-NO_BUDGET = Budget(None)
+NO_BUDGET = TimeBudget(None)
 
 
-def attempt(row: Row, measure, budget: Budget = NO_BUDGET) -> Row:
+def attempt(row: Row, measure, budget: TimeBudget = NO_BUDGET) -> Row:
     """``measure(row)`` fills the row in; a failure becomes a failed row naming the error, and a row
     whose turn comes after ``budget`` is spent is skipped."""
     if budget.spent():
@@ -157,7 +157,7 @@ def graphs_agree(arch: str, device: str, tokens: int) -> str:
 
 
 def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int], tokens: int,
-                    budget: Budget = NO_BUDGET) -> list[Row]:
+                    budget: TimeBudget = NO_BUDGET) -> list[Row]:
     """Tokens/s of hf, native eager and native with graphs (on CPU: the fixed-shape path, no graphs)."""
     cuda = device == "cuda"
     names = ["hf", "native eager", "native graphs" if cuda else "native fixed shapes (CPU: no graphs)"]
@@ -183,7 +183,7 @@ def generation_rows(arch: str, device: str, dtype: torch.dtype, rows: list[int],
 
 
 def es_rows(arch: str, model_dir: Path | None, device: str, dtype: str, population: int, prompts: int,
-            full_population: int, tokens: int, size: int, budget: Budget = NO_BUDGET) -> list[Row]:
+            full_population: int, tokens: int, size: int, budget: TimeBudget = NO_BUDGET) -> list[Row]:
     """es_speed's cases lowrank, ceiling (its plain generation) and full, one warm-up iteration each."""
     source = ["--model", str(model_dir)] if model_dir else ["--random-init", arch]
     out = {}
@@ -217,7 +217,7 @@ def importable(module: str) -> bool:
 
 
 def grpo_rows(arch: str, model_dir: Path, device: str, dtype: str, prompts: int, group: int, tokens: int,
-              size: int, budget: Budget = NO_BUDGET) -> list[Row]:
+              size: int, budget: TimeBudget = NO_BUDGET) -> list[Row]:
     """rl_speed's GRPO step, shared prefix on and off, the second step timed (on its task; on
     Countdown-v0 where reasoning-gym does not import: a lent GPU where its pycosat did not build)."""
     env = () if importable("reasoning_gym") else ("--env", "Countdown-v0", "--env-args", "{}")
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(head), flush=True)
     out = args.out or default_out()
     out.parent.mkdir(parents=True, exist_ok=True)
-    budget = Budget(args.budget)
+    budget = TimeBudget(args.budget)
     rows: list[Row] = []
     notes = {"agree": "", "kernels": ""}  # the lines below the table, as they come
 

@@ -130,7 +130,7 @@ def load(args):
     device = resolve_device(args.device)
     tokenizer = load_tokenizer(DEFAULT_MODEL)  # its ids fit every paper model's vocabulary
     with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(args.dtype, device))
+        model = AutoModelForCausalLM.from_config(config, dtype=resolve_dtype(args.dtype, device, config))
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     return model.eval(), tokenizer
 

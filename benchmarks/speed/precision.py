@@ -18,13 +18,12 @@ from __future__ import annotations
 import copy
 import contextlib
 import json
-import time
 from pathlib import Path
 
 import torch
 
 from trainers.common.config import Parser
-from trainers.common.precision import header_line
+from trainers.common.precision import abba, header_line
 from trainers.common.models import DEFAULT_MODEL, load_model, resolve_device
 
 ARCH_DIR = Path(__file__).resolve().parents[1] / "configs" / "arch"
@@ -32,27 +31,11 @@ ARCH_DIR = Path(__file__).resolve().parents[1] / "configs" / "arch"
 SHAPES = [(64, 576, 1536), (512, 576, 1536), (2048, 576, 1536), (2048, 576, 6144)]
 
 
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize()
-
-
-def timed(fn, device: torch.device) -> float:
-    sync(device)
-    start = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - start
-
-
 def side_by_side(fp32, bf16, device: torch.device, repeat: int) -> tuple[float, float]:
-    """Best seconds of ``fp32()`` and ``bf16()``, after one warm-up each, in ABBA order."""
-    fp32(), bf16()
-    best = {"a": float("inf"), "b": float("inf")}
-    for k in range(repeat):
-        for key, fn in ((("a", fp32), ("b", bf16)) if k % 2 == 0 else (("b", bf16), ("a", fp32))):
-            best[key] = min(best[key], timed(fn, device))
-    return best["a"], best["b"]
+    """Best seconds of ``fp32()`` and ``bf16()``, after one warm-up each, in ABBA order (the
+    dtype probe's own timer, ``precision.abba``)."""
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    return abba(fp32, bf16, rounds=repeat, sync=sync)[0]
 
 
 def matmul_rows(device: torch.device, repeat: int) -> list[dict]:

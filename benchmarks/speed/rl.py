@@ -200,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict:
     dtypes = list(dict.fromkeys(args.dtypes))
     configs = configurations(dtypes, args.only)
     default = decide("cpu")  # what the default step's run decides: the probe, cached, on these threads
-    print(f"RL step on {header_line('cpu')}: {ENV} (2 one-digit terms), default model, {PROMPTS} prompts x "
+    print(f"RL step on {header_line('cpu', decision=default)}: {ENV} (2 one-digit terms), default model, {PROMPTS} prompts x "
           f"G={GROUP}, {TOKENS} new tokens, lr {LR:g}, beta 0; micro-batches of {GROUP} responses; our engine "
           f"{args.engine}; {args.steps} steps per run, the first not reported; ABBA over {len(configs)} "
           f"configurations", flush=True)
@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> dict:
         print(f"| {r['label']} | {r['sampling']:.1f} | {r['update']:.1f} | {r['step']:.1f} | {r['length']:.1f} | "
               f"{r['peak_gb']:.1f} GB |")
     print("\n" + ratios(rows, dtypes), flush=True)
-    result = {"machine": header_line("cpu"), "precision": default.record(), "rows": rows, "dtypes": dtypes}
+    result = {"machine": header_line("cpu", decision=default), "precision": default.record(), "rows": rows, "dtypes": dtypes}
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return result

@@ -128,7 +128,6 @@ class StudyConfig(EngineOptions):
                   "must be whole numbers of responses")
         env_kwargs(self.env_args)
         check_engine(self)
-        resolve_engine(self)
         if self.metric is None:
             self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
         if self.kl_samples is None:
@@ -146,40 +145,26 @@ class StudyConfig(EngineOptions):
 
 
 
-def resolve_engine(cfg: StudyConfig) -> None:
-    """``--engine auto``: the engine every trainer and ``python -m eval`` picks for this model on this
-    device (``trainers.engines.choice``), decided once for the whole study from the model's config."""
-    if cfg.engine != AUTO_ENGINE:
-        return
-    from transformers import LlamaConfig
+def settle_study_runtime(cfg: StudyConfig, previous: dict[str, Any] | None, dist) -> None:
+    """``--dtype auto`` and ``--engine auto`` become the dtype and engine every run and evaluation
+    gets (``trainers.common.runtime.resolve``, the trainers' own rule), decided on process 0 alone
+    and handed to every process (``dist.from_main``): a resumed study keeps its own (``previous``, its
+    study.json). A study resumed with another explicit dtype is refused (its identity differs), as one
+    on another device is: one table must not mix their numerics."""
+    from trainers.common import runtime
 
-    from eval.harness import local_config
-    from trainers.common.models import ALIASES
-    from trainers.engines.choice import choose_engine
-
-    # the default model is a Llama, whose converted copy is on disk only once it has been fetched
-    config = local_config(cfg.model) or (LlamaConfig() if cfg.model.lower() in ALIASES else None)
-    cfg.engine = "hf" if config is None else choose_engine(config, resolve_device(cfg.device)).engine
-
-
-
-def settle_study_dtype(cfg: StudyConfig, previous: dict[str, Any] | None) -> None:
-    """``--dtype auto`` becomes a dtype, passed to every run and evaluation: a resumed study's own
-    (``previous``, its study.json), else this machine's default. A study resumed with another dtype
-    is refused (its identity differs), as one on another device is: one table must not mix their
-    numerics."""
-    from trainers.common import precision  # the one place that decides (the probe for auto on CPU)
-
-    recorded = (previous or {}).get("dtype")
     try:
         device = resolve_device(cfg.device)
     except ValueError as exc:
         raise ConfigError(f"--device: {exc}") from None
+    recorded = {k: (previous or {}).get(k) for k in ("dtype", "engine")}
+    recorded = {k: v for k, v in recorded.items() if v and v not in ("auto", AUTO_ENGINE)}
     try:  # another explicit --dtype than the study's own is refused here, naming both
-        cfg.dtype = precision.settle(cfg.dtype, device, cfg.model, recorded if recorded in ("fp32", "bf16") else None,
-                                     cfg.out).dtype
+        resolved = runtime.resolve(cfg.model, device, cfg.dtype, cfg.engine, recorded, cfg.out, dist.from_main,
+                                   dist.is_main)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
+    cfg.dtype, cfg.engine = resolved.dtype, resolved.engine
 
 
 def identity(cfg: StudyConfig) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def budgets(cfg: StudyConfig) -> list[int]:
     return [cfg.max_samples, *extra] if extra else []
 
 
-def check_budgets(cfg: StudyConfig) -> None:
+def check_curve_budgets(cfg: StudyConfig) -> None:
     """Each curve budget is a multiple of --max-samples, larger than the one before (a segment then
     ends on a checkpoint of every method, and resumes from it)."""
     points = budgets(cfg)
@@ -129,7 +129,7 @@ def extend(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], cach
     return points
 
 
-def run_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],
+def train_curves(cfg: StudyConfig, out: Path, records: list[dict[str, Any]], chosen: dict[str, dict[str, Any]],
                base: dict[str, Any], prompts: int, validation: list[str], cache: Path) -> list[dict[str, Any]]:
     """The learning curves of the selected settings (see the module docstring), and their report."""
     hparams = {(r["method"], r["setting"]): r["hparams"] for r in records}
@@ -277,13 +277,13 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                    f"the CPU barely changes, unlike wall seconds.",
                    machines_note(points), repeats, *verdicts, *([caught] if caught else [])]
     (out / "learning_curve.md").write_text(render([table]))
-    plot_curves(cfg, points, base, out / "learning_curve.png")
+    plot_learning_curves(cfg, points, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts,
                                                   "repeats_grid": repeats, "catch_up": caught},
                                                  indent=1) + "\n")
 
 
-def plot_curves(cfg: StudyConfig, points: list[dict[str, Any]], base: dict[str, Any], path: Path) -> None:
+def plot_learning_curves(cfg: StudyConfig, points: list[dict[str, Any]], base: dict[str, Any], path: Path) -> None:
     """Test reward and pass@1 against training responses: mean ± std over seeds, one line per method."""
     import matplotlib
 

@@ -56,14 +56,14 @@ from pathlib import Path
 from tqdm import tqdm
 
 from benchmarks.study.config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, identity,
-                                     settle_study_dtype)
+                                     settle_study_runtime)
 from benchmarks.study.curves import budgets as curve_budgets
-from benchmarks.study.curves import check_budgets as check_curve_budgets
-from benchmarks.study.curves import run_curves
+from benchmarks.study.curves import check_curve_budgets
+from benchmarks.study.curves import train_curves
 from benchmarks.study.plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, split_plan,
                                    trainer_argv, trainer_of, validation_plan)
 from benchmarks.study.record import COMPLETIONS, brief, check_device, commit, keep_completions, select
-from benchmarks.study.report import ORIGINAL, hacked, write_report
+from benchmarks.study.report import ORIGINAL, run_hacked, write_report
 from benchmarks.study.run import finish_run, measure
 from trainers.common import distributed
 from trainers.common.config import ConfigError, make_env, parse_config, run_main
@@ -101,7 +101,7 @@ def study(cfg: StudyConfig) -> Path:
     # process 0 reads it and every process gets its copy: another process must never read the file
     # while process 0 writes it below
     previous = dist.from_main(json.loads(saved.read_text()) if dist.is_main and saved.is_file() else None)
-    settle_study_dtype(cfg, previous)
+    settle_study_runtime(cfg, previous, dist)  # dtype and engine: process 0 decides, every process gets it
     own = identity(cfg)
     if previous is not None:
         if previous != own:
@@ -141,7 +141,7 @@ def study(cfg: StudyConfig) -> Path:
         dist.phase = f"the study's run {run.label} {run.setting} seed={run.seed}"
         record = finish_run(cfg, run, argv, bar, cache, splits)
         if record is not None:
-            record["hacked"] = hacked(record, base.get("kl"))
+            record["hacked"] = run_hacked(record, base.get("kl"))
             records.append(record)
     bar.close()
     if dist.is_main:
@@ -151,7 +151,7 @@ def study(cfg: StudyConfig) -> Path:
             commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
     if curve_budgets(cfg):  # every process trains the curves' runs too, process 0 measures them
         records, chosen = dist.from_main((records, chosen) if dist.is_main else None)
-        run_curves(cfg, out, records, chosen, base, prompts, validation, cache)
+        train_curves(cfg, out, records, chosen, base, prompts, validation, cache)
         if cfg.commit and dist.is_main:
             commit([out / name for name in ("learning_curve.md", "learning_curve.png", "curves.json")],
                    f"study {out.name}: learning curves to {curve_budgets(cfg)[-1]} responses")

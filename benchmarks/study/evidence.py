@@ -26,7 +26,7 @@ from typing import Any
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.curves import write_curves
 from benchmarks.study.record import COMPLETIONS, read_completions, select
-from benchmarks.study.report import hacked, write_report
+from benchmarks.study.report import run_hacked, write_report
 from eval.table import Table, render
 from trainers.common.config import ConfigError, Parser, fail
 
@@ -153,7 +153,7 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
         scorer.close()
         env.close()
     for r in records:
-        r["hacked"] = hacked(r, base.get("kl"))
+        r["hacked"] = run_hacked(r, base.get("kl"))
     out.mkdir(parents=True, exist_ok=True)
     write_report(cfg, out, records, base, select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"))

@@ -56,7 +56,7 @@ def costs(finished: list[tuple[dict, Path]]) -> dict[str, Cost]:
             for m, cs in by_method.items()}
 
 
-def curve_points(out: Path, method: str, seed: int) -> set[int]:
+def measured_budgets(out: Path, method: str, seed: int) -> set[int]:
     """The budgets already measured on the curve of ``method``'s selected setting, ``seed``."""
     files = list((out / "curves" / method).glob(f"*/seed={seed}/{CURVE_RECORD}"))
     return {p["budget"] for f in files for p in json.loads(f.read_text())}
@@ -78,7 +78,7 @@ def status(cfg: StudyConfig, out: Path) -> str:
     curve_done, curve_left, curve_next = 0, 0.0, None
     for seed in range(cfg.seeds):  # the order the curves run in
         for method in cfg.method_list:
-            measured = curve_points(out, method, seed)
+            measured = measured_budgets(out, method, seed)
             curve_done += len(measured & set(points))
             missing = [b for b in points if b not in measured]
             if missing and curve_next is None:

@@ -472,7 +472,7 @@ def render_table(cfg: SelectionConfig, entries: list[Entry], records: dict[str, 
     return "\n".join(lines) + "\n"
 
 
-def select(cfg: SelectionConfig, entries: list[Entry]) -> Path:
+def select_tasks(cfg: SelectionConfig, entries: list[Entry]) -> Path:
     """Measure every entry not measured yet with these settings; returns the table's path."""
     from eval.cache import Cache
     from eval.harness import model_spec
@@ -552,7 +552,7 @@ class TimedModel(LazyModel):
 def main(argv: list[str] | None = None) -> Path:
     cfg, entries = parse_args(argv)
     try:
-        return select(cfg, entries)
+        return select_tasks(cfg, entries)
     except USER_ERRORS as exc:
         fail(str(exc))
 

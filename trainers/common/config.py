@@ -22,11 +22,11 @@ import torch
 import yaml
 
 import llm_envs
-from trainers.common import distributed
-from trainers.common import precision
+from trainers.common import distributed, precision, runtime
 from trainers.common.cli import Parser  # noqa: F401  (every command's parser; imported from here too)
-from trainers.common.precision import DTYPE_CHOICES, Decision
-from trainers.common.run_dir import RunDirError, recorded_dtype
+from trainers.common.precision import DTYPE_CHOICES
+from trainers.common.run_dir import RunDirError, recorded_runtime
+from trainers.common.runtime import Runtime
 from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.es.noise.lowrank import LayerError
 
@@ -240,23 +240,19 @@ class TrainConfig(EngineOptions):
         check_engine(self)
 
 
-def settle_dtype(cfg: TrainConfig, device: torch.device, broadcast=None, is_main: bool = True) -> Decision:
-    """The run's compute dtype (``precision.settle``), written back into ``cfg.dtype`` as
-    ``fp32``/``bf16`` so config.yaml records what ran: a resumed run keeps the dtype it recorded
-    at its first start (another explicit ``--dtype`` is a ``ConfigError``, raised before anything
-    is written); ``auto`` on a new run is ``precision.decide``. On several processes rank 0 alone
-    decides ``auto`` (it may measure) and ``broadcast`` hands every rank its decision."""
-    recorded = recorded_dtype(cfg.resume) if cfg.resume else None
-    fixed = cfg.dtype not in (None, "auto") or recorded is not None  # every rank knows it: no probe
+def settle_runtime(cfg: TrainConfig, device: torch.device, broadcast=None, is_main: bool = True) -> Runtime:
+    """The run's runtime (``runtime.resolve``: the model's config, the compute dtype and the engine,
+    each with its reason), rank 0's on every rank (``broadcast``), with ``cfg.dtype`` written back as
+    ``fp32``/``bf16`` so config.yaml records what ran. A resumed run keeps the dtype and the ``auto``
+    engine it recorded at its first start; another explicit ``--dtype`` is a ``ConfigError``, raised
+    before anything is written."""
+    recorded = recorded_runtime(cfg.resume)
     try:
-        decision = precision.settle(cfg.dtype, device, cfg.model, recorded, cfg.resume) \
-            if is_main or fixed else None
+        resolved = runtime.resolve(cfg.model, device, cfg.dtype, cfg.engine, recorded, cfg.resume, broadcast, is_main)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if broadcast is not None:
-        decision = broadcast(decision)
-    cfg.dtype = decision.dtype
-    return decision
+    cfg.dtype = resolved.dtype
+    return resolved
 
 
 def to_dict(config: Any) -> dict[str, Any]:

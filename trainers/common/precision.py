@@ -1,7 +1,8 @@
 """The one place that decides what a run computes in: compute dtype, master dtype and autocast.
 
-Every consumer asks here: model loading (``resolve_dtype``), the trainers (``settle``), FSDP
-(``fsdp_param_dtype``), ES's masters (``needs_masters``), evaluation and the study. The engines sit
+A run's dtype is settled once, with its engine, by ``runtime.resolve`` (``settle`` here, given the
+model's config from its one lookup); FSDP (``fsdp_param_dtype``) and ES's masters (``needs_masters``)
+follow the rules here. The engines sit
 below this layer and decide nothing: they compute in the weights' dtype, or in the compute dtype
 their caller passes (``make_engine(..., compute_dtype)``, the RL policy's autocast). ``--dtype`` is
 ``fp32``, ``bf16`` or ``auto``:
@@ -113,10 +114,11 @@ class Decision:
                 f"{times}; {p['threads']} threads)")
 
 
-def decide(device: torch.device | str, model: Any = None, threads: int | None = None) -> Decision:
-    """``--dtype auto`` on ``device`` for ``model`` (a loaded model, a config, a name or path, or
-    None: the default model's shapes): bf16 on a CUDA GPU that supports it; on CPU the forced value,
-    else the probe's answer (cached)."""
+def decide(device: torch.device | str, model: Any = None, threads: int | None = None,
+           measure: bool = True) -> Decision | None:
+    """``--dtype auto`` on ``device`` for ``model`` (a loaded model, a config or a config dict; None:
+    the default model's shapes): bf16 on a CUDA GPU that supports it; on CPU the forced value, else
+    the probe's answer (cached). ``measure=False``: the cached answer or None, never a probe."""
     device = torch.device(device)
     if device.type == "cuda":
         ok = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
@@ -129,12 +131,12 @@ def decide(device: torch.device | str, model: Any = None, threads: int | None = 
         if value not in ("0", "1", "false", "true", "no", "yes", ""):
             raise PrecisionError(f"{FORCE_ENV}={forced!r}: use 1 (bf16) or 0 (fp32), or unset it to measure")
         return Decision("bf16" if value in ("1", "true", "yes") else "fp32", f"forced by {FORCE_ENV}={forced.strip()}")
-    return measured(model_shape(model), threads or torch.get_num_threads())
+    return measured(model_shape(model), threads or torch.get_num_threads(), measure)
 
 
-def measured(shape: dict[str, int], threads: int) -> Decision:
+def measured(shape: dict[str, int], threads: int, measure: bool = True) -> Decision | None:
     """The probe's decision for ``shape`` on ``threads`` threads: from the cache, else measured
-    (and cached)."""
+    (and cached); ``measure=False``: None instead of a probe."""
     key = {"cpu": cpu_name(), "torch": torch.__version__, "threads": threads, "shape": shape,
            "version": PROBE_VERSION}
     path = _cache_path(key)
@@ -142,6 +144,8 @@ def measured(shape: dict[str, int], threads: int) -> Decision:
         saved = json.loads(path.read_text())
         if saved["key"] == key:
             return Decision(saved["probe"]["dtype"], "cached", saved["probe"])
+    if not measure:
+        return None
     result = probe(shape, threads)
     with contextlib.suppress(OSError):  # an unwritable cache costs a probe per run, nothing else
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,14 +171,36 @@ def choose(ms: dict[str, dict[str, float]], margin: float = MARGIN) -> tuple[str
 
 # ----- the probe -----------------------------------------------------------------------------------
 
+def abba(first, second, rounds: int = 3, seconds: float | None = None, max_rounds: int = 20,
+         sync=lambda: None) -> tuple[tuple[float, float], int]:
+    """Best seconds of ``first()`` and ``second()`` side by side, after one warm-up each, in ABBA
+    order (round k runs first then second when k is even, the other way when odd), so a machine
+    whose load drifts slows both alike: ``rounds`` rounds, or with ``seconds`` as many as fit in
+    that time (at least ``rounds``, at most ``max_rounds``). ``sync``: waits for the device (CUDA)
+    around each timing. Returns ((first's, second's), rounds run). The probe's timer and the
+    benchmarks' (``benchmarks.speed.precision``)."""
+    first(), second()
+    best = [math.inf, math.inf]
+    start, k = time.perf_counter(), 0
+    while k < rounds or (seconds is not None and time.perf_counter() - start < seconds and k < max_rounds):
+        for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+            sync()
+            t0 = time.perf_counter()
+            (first, second)[i]()
+            sync()
+            best[i] = min(best[i], time.perf_counter() - t0)
+        k += 1
+    return (best[0], best[1]), k
+
+
 #: SmolLM2-135M's decoder layer: the shape probed when a model's config cannot be read.
 DEFAULT_SHAPE = {"hidden": 576, "intermediate": 1536, "heads": 9, "kv_heads": 3, "head_dim": 64}
 
 
 def model_shape(model: Any = None) -> dict[str, int]:
-    """The decoder-layer shape of ``model`` (a loaded model, a transformers config, a config dict,
-    a model directory or name; None: the default model): hidden and intermediate sizes, attention
-    and key/value heads, head size. A model whose config cannot be read gets ``DEFAULT_SHAPE``."""
+    """The decoder-layer shape of ``model`` (a loaded model, a transformers config or a config dict;
+    None: the default model): hidden and intermediate sizes, attention and key/value heads, head
+    size. A config without them gets ``DEFAULT_SHAPE``."""
     config = _config_of(model)
     if not config:
         return dict(DEFAULT_SHAPE)
@@ -188,22 +214,17 @@ def model_shape(model: Any = None) -> dict[str, int]:
 
 
 def _config_of(model: Any) -> dict[str, Any] | None:
+    """The config of a loaded model, a ``transformers`` config or a config dict, as a dict. A model's
+    name or path is looked up once, by ``runtime.model_config``: give its result here."""
     if model is None:
         return None
     if isinstance(model, dict):
         return model
+    if isinstance(model, (str, os.PathLike)):
+        raise TypeError(f"precision needs a model's config, not its name {os.fspath(model)!r}: "
+                        f"look it up with trainers.common.runtime.model_config")
     config = getattr(model, "config", model)
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    if not isinstance(model, (str, os.PathLike)):
-        return None
-    from trainers.common.default_model import ALIASES, SMOLLM2_CACHE_NAME, cache_dir
-
-    name = os.fspath(model)
-    path = cache_dir() / SMOLLM2_CACHE_NAME if name.lower() in ALIASES else Path(name).expanduser()
-    with contextlib.suppress(OSError, ValueError):
-        return json.loads((path / "config.json").read_text())
-    return None
+    return config.to_dict() if hasattr(config, "to_dict") else None
 
 
 class _Layer(torch.nn.Module):
@@ -267,20 +288,14 @@ def probe(shape: dict[str, int], threads: int | None = None, seconds: float = PR
         layers["bf16"].load_state_dict(layer32.state_dict())
         layers["bf16"].to(torch.bfloat16)
         inputs = {d: _workloads(shape, layers[d].q.weight.dtype) for d in layers}
-        best = {w: {"fp32": math.inf, "bf16": math.inf} for w in inputs["fp32"]}
-        start, rounds = time.perf_counter(), 0
+        best, start, rounds = {}, time.perf_counter(), 0
         with torch.inference_mode():
-            for w in best:  # warm-up: first calls pay allocation and kernel selection
-                for d in layers:
-                    layers[d](*inputs[d][w])
-            while rounds < 2 or (time.perf_counter() - start < seconds and rounds < 20):
-                order = ("fp32", "bf16") if rounds % 2 == 0 else ("bf16", "fp32")
-                for w in best:
-                    for d in order:
-                        t0 = time.perf_counter()
-                        layers[d](*inputs[d][w])
-                        best[w][d] = min(best[w][d], (time.perf_counter() - t0) * 1e3)
-                rounds += 1
+            for w in inputs["fp32"]:  # the time budget shared by the batches
+                times, n = abba(lambda w=w: layers["fp32"](*inputs["fp32"][w]),
+                                lambda w=w: layers["bf16"](*inputs["bf16"][w]), rounds=2,
+                                seconds=seconds / len(inputs["fp32"]), max_rounds=20)
+                best[w] = {"fp32": times[0] * 1e3, "bf16": times[1] * 1e3}
+                rounds = max(rounds, n)
     finally:
         torch.set_num_threads(before)
     dtype, ratio = choose(best, margin)
@@ -289,10 +304,13 @@ def probe(shape: dict[str, int], threads: int | None = None, seconds: float = PR
             "seconds": round(time.perf_counter() - start, 2)}
 
 
-def header_line(device: torch.device | str | None = None, model: Any = None) -> str:
+def header_line(device: torch.device | str | None = None, model: Any = None, decision: Decision | None = None) -> str:
     """This machine and what ``--dtype auto`` decides on ``device`` (default CPU) for ``model``
-    (default: the default model's shapes), and why, in one line: every benchmark's header."""
-    return f"{machine_line(device)}; --dtype auto: {decide(device or 'cpu', model).line()}"
+    (default: the default model's shapes), and why, in one line: every benchmark's header. Printing
+    it never probes: ``decision`` (a run's) or the cached answer, else "not measured here yet"."""
+    decision = decision or decide(device or "cpu", model, measure=False)
+    said = decision.line() if decision else "not measured here yet (the first run that needs it measures it)"
+    return f"{machine_line(device)}; --dtype auto: {said}"
 
 
 # ----- what a run does with it -------------------------------------------------------------------

@@ -78,27 +78,25 @@ class RunDir:
             keep = [r for r in self.read_log() if r.get("iteration", 0) <= after]
             atomic_write(self.path / "log.jsonl", "".join(json.dumps(r) + "\n" for r in keep))
 
-    def note_runtime(self, model, iteration: int, engine: str | None = None, compute=None,
-                     precision: dict[str, Any] | None = None, engine_why: str | None = None,
+    def note_runtime(self, model, iteration: int, runtime=None, compute=None,
                      splits: dict[str, dict[str, int]] | None = None) -> None:
         """Record what this start (or resume, after ``iteration``) computes with: the device type, the
-        compute dtype (``compute``, default the weights'), the weights' dtype, how the dtype was
-        decided (``precision``: ``precision.Decision.record()``, the probe's numbers included), the
-        generation engine and why it was chosen (``engine_why``: ``--engine auto``'s reason, from
-        ``trainers.engines.choice``, or "asked for") and the machine (CPU model, its bf16 units; the GPU), which change the numbers and the times (a
-        study refuses to mix devices or dtypes in one table; ``python -m eval`` on the run generates
-        with the same engine), and ``splits``: each split's examples and distinct prompts
-        (``splits.measured_split_counts``)."""
+        compute dtype (``compute``, default the weights'), the weights' dtype, the run's ``runtime``
+        (``runtime.Runtime``: how the dtype was decided, the probe's numbers included, the engine and
+        why, the model's type and layer shape) and the machine (CPU model, its bf16 units; the GPU),
+        which change the numbers and the times (a study refuses to mix devices or dtypes in one table;
+        ``python -m eval`` on the run generates with the same engine), and ``splits``: each split's
+        examples and distinct prompts (``splits.measured_split_counts``)."""
         if self.is_main:
             from trainers.common.hardware import describe
 
             p = next(model.parameters())
+            resolved = runtime.record() if runtime is not None else {}
+            resolved.pop("device", None)  # the weights' device, below, is where it ran
             append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
                                                     "dtype": str(compute or p.dtype).removeprefix("torch."),
                                                     "weights": str(p.dtype).removeprefix("torch."),
-                                                    **({"engine": engine} if engine else {}),
-                                                    **({"engine_why": engine_why} if engine_why else {}),
-                                                    **({"precision": precision} if precision else {}),
+                                                    **resolved,
                                                     **({"splits": splits} if splits else {}),
                                                     "machine": describe(p.device)})
 
@@ -183,3 +181,20 @@ def recorded_dtype(path: str | Path) -> str | None:
     None (no record yet)."""
     records = read_jsonl(Path(path) / RUNTIME_FILE)
     return records[0].get("dtype") if records else None
+
+
+def recorded_runtime(run_dir: str | Path | None) -> dict[str, Any]:
+    """What the run at ``run_dir`` recorded at its first start, as ``runtime.resolve`` takes it:
+    ``dtype`` (``fp32``/``bf16``) and ``engine``; empty for no run or one that recorded nothing yet."""
+    if not run_dir:
+        return {}
+    from trainers.common.precision import dtype_name, parse_dtype
+
+    out = {}
+    dtype = recorded_dtype(run_dir)
+    if dtype:
+        out["dtype"] = dtype_name(parse_dtype(dtype))
+    engine = recorded_engine(run_dir)
+    if engine:
+        out["engine"] = engine
+    return out

@@ -10,7 +10,8 @@ holds what they share (prompt encoding, stop tokens, the result type, HF ``gener
 Trainers, the eval harness and the benchmarks build one with ``make_engine(options, model,
 tokenizer)`` and never ask which one they hold. ``EngineOptions`` (``options.py``) holds the flags
 that choose and size it; every command that generates has them (``--engine``, ``--vllm-*``). The
-default, ``auto``, is decided in ``choice.py`` for every command alike: native where it runs the
+default, ``auto``, is decided by ``choice.py``'s rule for every command alike (once per run, in
+``trainers.common.runtime``): native where it runs the
 model on CPU or CUDA (measured faster there), hf otherwise.
 """
 
@@ -22,16 +23,17 @@ __all__ = ["AUTO", "ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailab
 
 
 def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
-    """The engine ``options`` names (``auto``: the one ``choice.resolve_engine`` picks for ``model``),
+    """The engine ``options`` names (``auto``: the one ``choice.choose_engine`` picks for ``model``),
     generating for ``model``. ``compute_dtype``: the dtype to generate in when it is not the
     weights' (the RL policy's fp32 weights generate in bf16 under autocast)."""
     if isinstance(options, str):
         options = EngineOptions(engine=options)
     options.check_engine_options()
-    if options.engine == AUTO:
-        from trainers.engines.choice import resolve_engine
+    if options.engine == AUTO:  # the rule every command's runtime applies (trainers.common.runtime)
+        from trainers.engines.choice import choose_engine
 
-        options, _ = resolve_engine(options, model)
+        options = options.engine_options()
+        options.engine = choose_engine(model, next(model.parameters()).device).engine
     if options.engine == "hf":
         from trainers.engines.hf import HFEngine
 

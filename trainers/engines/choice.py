@@ -1,8 +1,9 @@
-"""``--engine auto``: the one place that decides which engine generates when the user did not say.
+"""``--engine auto``: the one rule that decides which engine generates when the user did not say.
 
-Every command that generates resolves ``auto`` here (ES, GRPO, Dr.GRPO, PPO, ``python -m eval``;
-``make_engine`` does it for whoever passes ``auto`` on), so they all pick the same engine for the
-same model on the same device. The rule and the measurements behind it (``docs/engines.md``,
+Every command that generates resolves ``auto`` through ``trainers.common.runtime.resolve``, which
+applies this rule to the model's config (ES, GRPO, Dr.GRPO, PPO, ``python -m eval``, the study;
+``make_engine`` applies it to a loaded model for a caller that passes ``auto`` on), so they all pick
+the same engine for the same model on the same device. The rule and the measurements behind it (``docs/engines.md``,
 ``docs/benchmarks.md``):
 
 - **CPU, a model native runs** (Llama family, Qwen2): **native**. Measured faster for every
@@ -28,7 +29,6 @@ from typing import NamedTuple
 import torch
 
 from trainers.engines.native.model import unsupported
-from trainers.engines.options import AUTO, EngineOptions
 
 #: Devices the native engine has been measured faster than HF on.
 NATIVE_DEVICES = ("cpu", "cuda")
@@ -53,13 +53,3 @@ def choose_engine(model_or_config, device: torch.device | str) -> EngineChoice:
         return EngineChoice("hf", f"auto: the native engine has not been run on {device.type}")
     return EngineChoice("native", f"auto: native runs {config.model_type} models and was measured faster than hf "
                                   f"on {device.type} (docs/engines.md)")
-
-
-def resolve_engine(options: EngineOptions, model) -> tuple[EngineOptions, str]:
-    """``options`` with ``auto`` replaced by the engine for ``model`` on its weights' device, and
-    why that engine (an explicit choice stands: "asked for")."""
-    options = options.engine_options()
-    if options.engine != AUTO:
-        return options, f"asked for (--engine {options.engine})"
-    options.engine, why = choose_engine(model, next(model.parameters()).device)
-    return options, why

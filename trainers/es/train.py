@@ -46,18 +46,17 @@ from tqdm import tqdm
 
 import llm_envs
 from trainers.common import distributed
-from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_dtype, to_dict
+from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_runtime, to_dict
 from trainers.es.start import start_lines
 from trainers.common.held_out import HeldOut
 from trainers.es.masters import load_masters, masters_of, weights_of_record
 from trainers.common.models import load_model, resolve_device, save_model
-from trainers.common.precision import needs_masters
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.es.update_log import UpdateLog, check_noise_device
 from trainers.common.splits import measured_split_counts, training_env
-from trainers.engines import EngineOptions, make_engine
+from trainers.engines import make_engine
 from trainers.common.progress import bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
@@ -277,24 +276,14 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         tokens[n] = sum(t for _, t in scored)
 
 
-def engine_for(cfg: ESConfig, model) -> tuple[EngineOptions, str]:
-    """The engine options of a run and why that engine: ``--engine auto`` resolved for ``model`` on
-    its device the way every command resolves it (``trainers.engines.choice``: native where it runs
-    the model on CPU or CUDA, in both noise modes; hf otherwise)."""
-    from trainers.engines.choice import resolve_engine
-
-    return resolve_engine(cfg.engine_options(), model)
-
-
 def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:
     """What ES perturbs and updates: every parameter (full) or the linear layers' weights
     (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
-    masters = needs_masters(next(model.parameters()).dtype, cfg.fp32_master)
-    if cfg.noise == "lowrank":
+    if cfg.noise == "lowrank":  # masters per tensor (Params): a model may mix fp32 and bf16 tensors
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
         lowrank.check_rows(model, layers)
-        return fullrank.Params([(l.name, l.weight) for l in layers], masters), layers
-    return fullrank.Params(select_params(model, cfg.param_filter), masters), None
+        return fullrank.Params([(l.name, l.weight) for l in layers], cfg.fp32_master), layers
+    return fullrank.Params(select_params(model, cfg.param_filter), cfg.fp32_master), None
 
 
 def update_weights(cfg: ESConfig, params: fullrank.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
@@ -386,7 +375,8 @@ def train(cfg: ESConfig) -> Path:
         device = resolve_device(dist.device or cfg.device)
     except ValueError as exc:
         raise ConfigError(f"--device: {exc}") from None
-    decision = settle_dtype(cfg, device, dist.from_main, dist.is_main)  # a resume's other --dtype ends here
+    # model config, dtype and engine: rank 0 resolves, every rank gets it (a resume's other --dtype ends here)
+    runtime = settle_runtime(cfg, device, dist.from_main, dist.is_main)
     train_examples = env.examples("train")
     per_iteration, per_step = iteration_size(cfg, len(train_examples))
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
@@ -400,14 +390,13 @@ def train(cfg: ESConfig) -> Path:
     done = log.done
     model, tokenizer, params, layers = load_weights(cfg, dist, log, device)
     dist.phase = "the engine's start"
-    options, engine_why = engine_for(cfg, model)
-    engine = make_engine(options, model, tokenizer)  # after the replay: from the current weights
-    run.note_runtime(model, done, engine.name, precision=decision.record(), engine_why=engine_why,
+    engine = make_engine(runtime.engine_options(cfg), model, tokenizer)  # after the replay: the current weights
+    run.note_runtime(model, done, runtime,
                      splits=measured_split_counts(env, ("train", cfg.eval_split), cfg.eval_limit))
     if cfg.resume and dist.is_main:
         say(log.resumed())
     budget = log.budget(cfg.max_samples)
-    for line in start_lines(cfg, model, params, layers, decision, engine.name, run.path, dist.world, per_iteration):
+    for line in start_lines(cfg, model, params, layers, runtime.precision, engine.name, run.path, dist.world, per_iteration):
         say(line)
 
     left = budget.steps_left(cfg.iterations - done, per_step)  # iterations this invocation will run

@@ -23,7 +23,7 @@ from tqdm import tqdm
 import llm_envs
 from trainers.common import distributed
 from trainers.common.budget import Budget
-from trainers.common.config import ConfigError, TrainConfig, check, settle_dtype, to_dict
+from trainers.common.config import ConfigError, TrainConfig, check, settle_runtime, to_dict
 from trainers.common.held_out import HeldOut
 from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
@@ -32,7 +32,6 @@ from trainers.common.run_dir import RunDir, summarize
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
-from trainers.engines.choice import resolve_engine
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
 from trainers.rl.policy import load_policy, load_reference, make_optimizer
@@ -119,9 +118,9 @@ def train(cfg: RLConfig, algorithm) -> Path:
         dev = resolve_device(ranks.dist.device or cfg.device)
     except ValueError as exc:
         raise ConfigError(f"--device: {exc}") from None
-    # the compute dtype, rank 0's decision on every rank; weights, gradients and AdamW stay fp32
-    decision = settle_dtype(cfg, dev, ranks.broadcast, ranks.is_main)
-    dtype = decision.torch_dtype
+    # model config, compute dtype and engine, rank 0's on every rank; weights, gradients and AdamW stay fp32
+    runtime = settle_runtime(cfg, dev, ranks.broadcast, ranks.is_main)
+    dtype = runtime.precision.torch_dtype
     train_examples = env.examples("train")
     prompts_per_step = min(cfg.batch_size, len(train_examples))
     per_step = prompts_per_step * cfg.group_size  # responses one sampled batch generates (all ranks)
@@ -155,14 +154,14 @@ def train(cfg: RLConfig, algorithm) -> Path:
     # On several processes the engine holds its own full copy, taken before the policy is sharded;
     # each model is sharded (FSDP2; nothing on one process) before the next one is loaded.
     dtype = compute_dtype(model)  # None in fp32: the weights' own
-    options, engine_why = resolve_engine(cfg.engine_options(), model)  # --engine auto: trainers/engines/choice.py
+    options = runtime.engine_options(cfg)
     engine = make_engine(options, ranks.engine_model(model, options.engine, dtype), tokenizer, dtype)
     ranks.shard(model)
     ref = load_reference(cfg.model, device, dtype) if cfg.beta else None
     ranks.shard(ref)
     algo = algorithm(cfg, model, tokenizer, ref, ranks)
     ranks.shard(*algo.modules.values())  # PPO's critic
-    run.note_runtime(model, done, engine.name, dtype, precision=decision.record(), engine_why=engine_why,
+    run.note_runtime(model, done, runtime, dtype,
                      splits=measured_split_counts(env, ("train", cfg.eval_split), cfg.eval_limit))
     optimizer = make_optimizer(algo.param_groups(), cfg.lr, cfg.weight_decay)
     budget = Budget(cfg.max_samples, state.get("samples", 0), state.get("tokens", 0))
@@ -184,10 +183,10 @@ def train(cfg: RLConfig, algorithm) -> Path:
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
-    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters ({decision.line()} compute, fp32 master "
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters ({runtime.precision.line()} compute, fp32 master "
         f"weights and optimizer), {prompts_per_step} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, engine {engine.name} "
-        f"({engine_why}), run dir {run.path}" + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
+        f"({runtime.engine_why}), run dir {run.path}" + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
 
     left = budget.steps_left(cfg.steps - done, per_step)  # steps this invocation will run
     eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // ranks.world)
