@@ -36,7 +36,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None,
 DRIVER = r"""
 import json, os, signal, sys, time
 import torch
-from trainers import es
+from trainers.es import train as es
 
 RANK = int(os.environ["RANK"])
 real_rollout, real_update = es.rollout, es.update_weights
