@@ -1,6 +1,8 @@
 """benchmarks.study.headline: the README's table and claim verdicts from studies' results.json."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -132,51 +134,92 @@ def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
     assert claim_hacking(study(moved, kl={"es_full": 0.01, "grpo": 0.01}))[0] == "not shown"
 
 
-def test_the_block_names_every_method_the_base_row_the_numerics_and_the_wall_time(tmp_path):
+def test_the_block_is_the_table_and_one_line_per_claim_and_the_details_hold_the_numerics(tmp_path):
     s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": FLAT}})
     for r in s.results["runs"]:
         r.update(runtime=["cpu bfloat16"], engines=["native"], shared_prefix="on" if r["method"] == "grpo" else None)
     for summary_ in s.results["base"].values():
         summary_.update(device="cpu", dtype="bfloat16", engine="native")
-    text = headline.headline([s])
-    assert "training cpu bfloat16; engine: native; RL updates with the shared prefix on" in text
+    text = headline.headline([s], "docs/study/round-two.md")
     assert "| Base model | 50.0 | 0.500 |" in text
     assert "| ES (full-rank) | 80.0 ± 0.8 | 0.800 ± 0.008 * |" in text and "| GRPO | 50.0 ± 0.0 | 0.500 ± 0.000 |" in text
-    assert "**2.0 h** of training" in text and "Toy-v0: ES (full-rank) beat the base model" in text
-    assert text.count("\n1. **") == 1 and "4. **ES reward-hacks less" in text
+    assert "[Toy-v0](docs/study-toy/) 4 x 512" in text
+    claims = [line for line in text.splitlines() if re.match(r"\d\. \*\*", line)]
+    assert len(claims) == 4 and claims[0].startswith("1. **ES matches or beats RL at the same budget: held.**")
+    assert "Toy-v0: held, ES (full-rank) against GRPO, p = 0.029" in claims[0]
+    assert claims[0].endswith("([every number](docs/study/round-two.md#claim-1-es-matches-or-beats-rl-at-the-same-budget)).")
+    assert "Toy-v0: untested ([every number]" in claims[1]  # GRPO did not learn: no pair, no p
+    assert "Toy-v0: held, 0 of 8 runs hacked" in claims[3]
+    assert "training cpu bfloat16" not in text and " h** of training" not in text  # the numerics go to the page
+    page = headline.details([s], Path("docs/study"))
+    assert "training cpu bfloat16; engine: native; RL updates with the shared prefix on" in page
+    assert "**2.0 h** of training" in page and "Toy-v0: ES (full-rank) beat the base model" in page
+    assert "[`docs/study-toy`](../study-toy/)" in page  # links from the page's folder
+    assert page.count("\n### Claim ") == 4 and "### Claim 1: ES matches or beats RL at the same budget\n" in page
+    assert "- Toy-v0: held. ES (full-rank) 0.800 ± 0.008 against GRPO 0.500 ± 0.000 (p = 0.029)." in page
 
 
-def test_the_readme_block_is_rewritten_and_a_missing_study_is_a_clear_error(tmp_path, capsys):
+def test_pairwise_claims_count_the_pairs_that_pass_the_test():
+    wide, tight = [0.6, 0.9, 0.65, 0.95], [0.8, 0.81, 0.79, 0.8]
+    s = study({"es_full": {"a": tight}, "es_lowrank": {"a": [0.8, 0.8, 0.81, 0.79]}, "grpo": {"x": wide},
+               "ppo": {"x": [0.95, 0.6, 0.9, 0.7]}})
+    line = headline.claim_lines([s], None)[1]
+    assert line == "2. **ES varies less from seed to seed: held.** Toy-v0: held, p < 0.05 in 4 of 4 pairs (p = 0.029-0.029)."
+
+
+def test_the_readme_block_and_the_details_page_are_rewritten_and_bad_input_is_a_clear_error(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{headline.START}\nold\n{headline.END}\nrest\n")
+    page = tmp_path / "docs" / "study" / "round-two.md"
+    page.parent.mkdir(parents=True)
+    page.write_text(f"# Round two\n{headline.DETAILS_START}\nold\n{headline.DETAILS_END}\nend\n")
     out = tmp_path / "study"
     out.mkdir()
     s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": FLAT}})
     (out / "results.json").write_text(json.dumps(s.results))
-    headline.main([str(out), "--readme", str(readme)])
+    headline.main([str(out), "--readme", str(readme), "--details", str(page)])
     text = readme.read_text()
     assert text.startswith("intro\n") and text.endswith("rest\n") and "old" not in text and "| GRPO |" in text
+    assert "(docs/study/round-two.md#claim-1-es-matches-or-beats-rl-at-the-same-budget)" in text
+    assert "[Toy-v0](study/) 4 x 512" in text  # the study's directory, from the README's folder
+    written = page.read_text()
+    assert written.startswith("# Round two\n") and written.endswith("end\n") and "old" not in written
+    assert "### Claim 4: ES reward-hacks less" in written and "(../../study/)" in written
     with pytest.raises(SystemExit):
         headline.main([str(tmp_path / "nothing")])
     assert "no results.json" in capsys.readouterr().err
     (tmp_path / "plain.md").write_text("no markers")
+    readme.write_text(f"{headline.START}\nold\n{headline.END}\n")
+    with pytest.raises(SystemExit):  # the page has no details markers: neither file is written
+        headline.main([str(out), "--readme", str(readme), "--details", str(tmp_path / "plain.md")])
+    assert "headline-details:start" in capsys.readouterr().err and "old" in readme.read_text()
+    page.write_text(f"{headline.DETAILS_START}\nold\n{headline.DETAILS_END}\n")
+    with pytest.raises(SystemExit):  # the README has no markers: the page is not written either
+        headline.main([str(out), "--readme", str(tmp_path / "plain.md"), "--details", str(page)])
+    assert "headline:start" in capsys.readouterr().err and "old" in page.read_text()
     with pytest.raises(SystemExit):
-        headline.main([str(out), "--readme", str(tmp_path / "plain.md")])
-    assert "headline:start" in capsys.readouterr().err
+        headline.main([str(out), "--readme", str(tmp_path / "missing.md")])
+    assert "missing.md: no such file" in capsys.readouterr().err
 
 
-def test_a_study_with_learning_curves_shows_its_figure_and_each_budgets_verdict(tmp_path):
+def test_learning_curves_are_one_line_in_the_block_and_whole_on_the_page(tmp_path):
     s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8]}, "grpo": {"x": FLAT}})
     s.path = tmp_path
-    assert "Learning curves" not in headline.headline([s])
-    verdicts = ["Claim 1 at 512 responses: failed. x.", "Claim 1 at 2048 responses: not shown. y."]
+    assert "Learning curves" not in headline.headline([s]) and "Learning curves" not in headline.details([s], tmp_path)
+    verdicts = ["Claim 1 at 512 responses: failed. ES 0.5 against RL 0.7 (p = 0.029).",
+                "Claim 1 at 2048 responses: not shown. y (p = 0.200); RL ahead within seed noise."]
     (tmp_path / "curves.json").write_text(json.dumps({"budgets": [512, 2048], "points": [], "verdicts": verdicts}))
+    line = headline.headline([s]).splitlines()[-1]
+    assert line == (f"- **Learning curves, Toy-v0** ([learning_curve.md]({headline.link(tmp_path, Path('.'))}/"
+                    "learning_curve.md)): claim 1 at 512 responses: failed, p = 0.029; at 2048: not shown, p = 0.200.")
+    repeats = "At 512 responses each curve retrains its grid run: 1 of 2 points repeat; PPO seed 2 (trained on CPU X)."
+    (tmp_path / "curves.json").write_text(json.dumps({
+        "budgets": [512, 2048], "points": [], "verdicts": verdicts, "repeats_grid": repeats,
+        "catch_up": "Does ES catch up with 4x the budget? ES at 2048 0.6 against PPO at 512 0.7: no: RL at 512 still "
+                    "ahead (p = 0.029). Mean test reward gained: ES +0.1."}))
     text = headline.headline([s])
-    assert f"![Toy-v0: learning curves]({tmp_path}/learning_curve.png)" in text
-    assert "- Claim 1 at 2048 responses: not shown. y." in text
-    assert "catch up" not in text  # a curves.json from before these lines still renders
-    (tmp_path / "curves.json").write_text(json.dumps({"budgets": [512, 2048], "points": [], "verdicts": verdicts,
-                                                      "catch_up": "Does ES catch up with 4x the budget? no.",
-                                                      "repeats_grid": "At 512 responses ... 2 of 2 points repeat."}))
-    text = headline.headline([s])
-    assert "- Does ES catch up with 4x the budget? no.\n- At 512 responses ... 2 of 2 points repeat." in text
+    assert text.rstrip().endswith("Does ES catch up with 4x the budget? no: RL at 512 still ahead (p = 0.029).")
+    assert "CPU X" not in text  # which machine trained which point: the page's, not the README's
+    page = headline.details([s], tmp_path)
+    assert "![Toy-v0: learning curves](./learning_curve.png)" in page
+    assert f"- {verdicts[1]}" in page and f"- {repeats}" in page and "- Does ES catch up" in page

@@ -1,11 +1,18 @@
-"""The README's headline from finished studies: a Table-1-style table (methods x studies, test
-pass@1 and reward, mean ± sample std over seeds, the base model's row), each study's wall time,
-and the paper's four claims, each with a verdict and the numbers behind it.
+"""The README's results block from finished studies, and every number behind it for a study page.
 
-    python -m benchmarks.study.headline docs/study-conciseness-4seeds docs/study-rg-arithmetic
-    python -m benchmarks.study.headline docs/study-conciseness-4seeds docs/study-rg-arithmetic --readme README.md
+    python -m benchmarks.study.headline docs/study-conciseness-r2 docs/study-rg-arithmetic-r2
+    python -m benchmarks.study.headline docs/study-conciseness-r2 docs/study-rg-arithmetic-r2 \\
+        --readme README.md --details docs/study/round-two.md
 
-``--readme`` rewrites the block between ``<!-- headline:start -->`` and ``<!-- headline:end -->``.
+The block (printed, and with ``--readme`` written between ``<!-- headline:start -->`` and
+``<!-- headline:end -->``) is short: a Table-1-style table (methods x studies, test pass@1 and
+reward, mean ± sample std over seeds, the base model's row), then one line per claim with its
+verdict, the number it rests on (p, or the hacked runs) and a link, and one line per study with
+learning curves. ``--details PAGE`` writes the rest between ``<!-- headline-details:start -->`` and
+``<!-- headline-details:end -->`` of that page: each study's seeds, splits, settings, numerics,
+machine and wall time, which methods moved, each claim's numbers per study, and the learning
+curves' figure, verdicts and notes (which points were retrained on which machine). The README's
+claim lines link to that page's sections.
 
 Every verdict is a rule over the studies' ``results.json``, written out in ``benchmarks.study.verdicts``
 so a reader can check it: symmetric ("held" and "failed" need the same evidence), with exact
@@ -16,14 +23,18 @@ the test set's standard error.
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 from benchmarks.study.report import numerics, pm
-from benchmarks.study.verdicts import Study, claims
+from benchmarks.study.verdicts import CLAIMS, SIGNIFICANT, Study, best, claim_budget, claim_hacking, judge
 from trainers.common.config import Parser, fail
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
+DETAILS_START, DETAILS_END = "<!-- headline-details:start -->", "<!-- headline-details:end -->"
+P_VALUE = re.compile(r"\(p = ([0-9.]+)\)")
+CATCH_UP = re.compile(r"^(.*?\?) .*?: ((?:yes|no|not shown)\b.*?\(p = [0-9.]+\))")
 
 
 def load(path: Path) -> Study:
@@ -34,8 +45,24 @@ def load(path: Path) -> Study:
     return Study(path, json.loads(file.read_text()))
 
 
+def link(target: Path | str, page_dir: Path) -> str:
+    """``target`` (a path from the working directory) as a relative link from a page in ``page_dir``."""
+    return Path(os.path.relpath(target, page_dir)).as_posix()
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor of a heading of plain text: lowercase, punctuation other than hyphens and
+    underscores dropped, spaces -> hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
 def _digits(study: Study) -> int:
     return 1 if abs(study.base_reward) >= 10 else 3
+
+
+def _curves(study: Study) -> dict | None:
+    file = study.path / "curves.json"
+    return json.loads(file.read_text()) if file.is_file() else None
 
 
 def table(studies: list[Study]) -> str:
@@ -59,7 +86,76 @@ def table(studies: list[Study]) -> str:
     return "\n".join(lines)
 
 
-def study_lines(studies: list[Study]) -> list[str]:
+def legend(studies: list[Study], page_dir: Path) -> str:
+    """What the table's numbers are, and each study's seeds and budget, linked to its directory."""
+    sizes = ", ".join(f"[{s.env}]({link(s.path, page_dir)}/) {s.results['config']['seeds']} x "
+                      f"{s.results['config']['max_samples']}" for s in studies)
+    return ("Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting selected "
+            "without the test split; * = beats the base model's reward by more than twice its seed std and twice the "
+            f"test set's standard error. Seeds x training responses per run: {sizes}.")
+
+
+def gist(rule, study: Study, verdict: str, numbers: str) -> str:
+    """A study's verdict on one claim and the number it rests on: the hacked runs for claim 4, else
+    the permutation test's p (claim 1: of the pair it names; claims 2 and 3: how many pairs pass it,
+    and the range of p)."""
+    if rule is claim_hacking:
+        hacked = sum(m.get("hacked_runs", 0) for m in study.methods.values())
+        runs = sum(m.get("runs", 0) for m in study.methods.values())
+        return f"{verdict}, {hacked} of {runs} runs hacked"
+    ps = P_VALUE.findall(numbers)
+    if verdict == "untested" or not ps:
+        return verdict
+    if rule is claim_budget:
+        es, rl = (study.methods[best(study, side)]["label"] for side in (True, False))
+        return f"{verdict}, {es} against {rl}, p = {ps[0]}"
+    significant = sum(float(p) < SIGNIFICANT for p in ps)
+    low, high = min(ps, key=float), max(ps, key=float)
+    return f"{verdict}, p < {SIGNIFICANT:g} in {significant} of {len(ps)} pairs (p = {low}-{high})"
+
+
+def claim_heading(index: int, text: str) -> str:
+    return f"Claim {index}: {text.split(' (')[0]}"
+
+
+def claim_lines(studies: list[Study], details: str | None) -> list[str]:
+    """One line per claim: the verdict over the studies, each study's with the number it rests on, and
+    a link to the claim's section of the ``details`` page (a link from the README's folder)."""
+    out = []
+    for i, ((text, verdict, found), (_, rule)) in enumerate(zip(judge(studies), CLAIMS), 1):
+        where = f" ([every number]({details}#{anchor(claim_heading(i, text))}))" if details else ""
+        per_study = "; ".join(f"{s.env}: {gist(rule, s, v, numbers)}" for s, v, numbers in found)
+        out.append(f"{i}. **{text.split(' (')[0]}: {verdict}.** {per_study}{where}.")
+    return out
+
+
+def curve_line(study: Study, curves: dict, page_dir: Path) -> str:
+    """A study's learning curves in one line: claim 1 at each budget with its p, and whether ES
+    catches up, linked to its ``learning_curve.md``."""
+    budgets = []
+    for line in curves["verdicts"]:
+        found, p = re.match(r"Claim 1 at (\d+) responses: ([^.]+)\.", line), P_VALUE.search(line)
+        if found:
+            at = f"{found.group(1)} responses" if not budgets else found.group(1)
+            budgets.append(f"at {at}: {found.group(2)}" + (f", p = {p.group(1)}" if p else ""))
+    text = f"- **Learning curves, {study.env}** ([learning_curve.md]({link(study.path, page_dir)}/learning_curve.md)): "
+    text += "claim 1 " + "; ".join(budgets) + "."
+    caught = CATCH_UP.match(curves.get("catch_up") or "")
+    return text + (f" {caught.group(1)} {caught.group(2)}." if caught else "")
+
+
+def headline(studies: list[Study], details: str | None = None, page_dir: Path = Path(".")) -> str:
+    """The README's block: the table, its legend, one line per claim and one per study with learning
+    curves. ``details``: the link (from ``page_dir``, the README's folder) to the page holding
+    ``details()``'s block."""
+    parts = [table(studies), "", legend(studies, page_dir), "",
+             "**The paper's four claims** (rules: `benchmarks/study/verdicts.py`; p from an exact permutation test "
+             f"over seeds, significant below {SIGNIFICANT:g}):", "", *claim_lines(studies, details)]
+    curves = [curve_line(s, c, page_dir) for s in studies if (c := _curves(s))]
+    return "\n".join(parts + ([""] + curves if curves else [])) + "\n"
+
+
+def study_lines(studies: list[Study], page_dir: Path) -> list[str]:
     """One line per study: seeds, budget, selection, numerics (dtype, engine, shared prefix, machine)
     and wall time."""
     out = []
@@ -69,9 +165,10 @@ def study_lines(studies: list[Study]) -> list[str]:
         settings = ", ".join(f"{m['label']} {m['setting']}" for m in s.methods.values())
         split = s.results.get("splits", {}).get(s.results["selected_on"])
         size = f" of {split['examples']} examples, {split['prompts']} distinct prompts" if split else ""
-        out.append(f"- **{s.env}** (`{s.path}`): {cfg['seeds']} seeds, {len(runs)} runs, {cfg['max_samples']} training "
-                   f"responses per run, settings selected on the {s.results['selected_on']!r} split{size} ({settings}); "
-                   f"{numerics(s.results['base'], runs)}; **{hours:.1f} h** of training and evaluation.")
+        out.append(f"- **{s.env}** ([`{s.path}`]({link(s.path, page_dir)}/)): {cfg['seeds']} seeds, {len(runs)} runs, "
+                   f"{cfg['max_samples']} training responses per run, settings selected on the "
+                   f"{s.results['selected_on']!r} split{size} ({settings}); {numerics(s.results['base'], runs)}; "
+                   f"**{hours:.1f} h** of training and evaluation.")
     return out
 
 
@@ -86,52 +183,68 @@ def beats_base(studies: list[Study]) -> list[str]:
     return out
 
 
-def headline(studies: list[Study]) -> str:
-    """The whole Markdown block."""
-    parts = [table(studies), "",
-             "Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting "
-             "selected without the test split (each study's line below names the split); * = beats the base "
-             "model's reward by more than twice its seed std and twice the test set's standard error.", "",
-             *study_lines(studies), "", *beats_base(studies), "", "Each study's tables (per setting, every run, "
-             "seed variance, reward against KL) are in its directory; the pilots and how the studies were sized: "
-             "[docs/study.md](docs/study.md).", "", "**The paper's four claims** (rules: "
-             "`benchmarks/study/verdicts.py`; p from an exact permutation test over seeds; held and failed need the "
-             "same significance, p < 0.05):", "", *claims(studies), *curve_lines(studies)]
-    return "\n".join(parts) + "\n"
+def curve_details(study: Study, curves: dict, page_dir: Path) -> list[str]:
+    """A study's learning curves in full: the figure, claim 1 at each budget, whether ES catches up,
+    and whether the first budget repeats the grid (with the machine each differing point trained on)."""
+    where = link(study.path, page_dir)
+    return [f"### Learning curves, {study.env}", "",
+            f"[learning_curve.md]({where}/learning_curve.md) has the table (and the machines that trained its points).",
+            "", f"![{study.env}: learning curves]({where}/learning_curve.png)", "",
+            *(f"- {line}" for line in curves["verdicts"]),
+            *(f"- {curves[key]}" for key in ("catch_up", "repeats_grid") if curves.get(key))]
 
 
-def curve_lines(studies: list[Study]) -> list[str]:
-    """Each study's learning curves (``--curve-budgets``), where it has them: the figure, claim 1's
-    verdict at each budget, whether ES catches up, and whether the first budget repeats the grid."""
-    out = []
+def details(studies: list[Study], page_dir: Path) -> str:
+    """Every number behind the README's block, for a page in ``page_dir``: each study's line, which
+    methods moved, a section per claim (its rule, its verdict, each study's numbers) and the learning
+    curves."""
+    parts = [*study_lines(studies, page_dir), "", *beats_base(studies), ""]
+    for i, (text, verdict, found) in enumerate(judge(studies), 1):
+        rule = text.split(" (", 1)[1].rstrip(")") if " (" in text else ""
+        parts += [f"### {claim_heading(i, text)}", "",
+                  f"Rule: {rule} (`benchmarks/study/verdicts.py`). **Over the studies: {verdict}.**", "",
+                  *(f"- {s.env}: {v}. {numbers}." for s, v, numbers in found), ""]
     for s in studies:
-        file = s.path / "curves.json"
-        if file.is_file():
-            curves = json.loads(file.read_text())
-            out += ["", f"**Learning curves, {s.env}** ([learning_curve.md]({s.path}/learning_curve.md)):", "",
-                    f"![{s.env}: learning curves]({s.path}/learning_curve.png)", "",
-                    *(f"- {line}" for line in curves["verdicts"]),
-                    *(f"- {curves[key]}" for key in ("catch_up", "repeats_grid") if curves.get(key))]
-    return out
+        if (curves := _curves(s)):
+            parts += [*curve_details(s, curves, page_dir), ""]
+    return "\n".join(parts).rstrip("\n") + "\n"
 
 
-def write_readme(readme: Path, block: str) -> None:
-    """Replace the text between the headline markers of ``readme`` with ``block``."""
-    text = readme.read_text()
-    if START not in text or END not in text:
-        fail(f"{readme}: no {START} ... {END} block to rewrite")
-    pattern = re.compile(re.escape(START) + ".*?" + re.escape(END), re.S)
-    readme.write_text(pattern.sub(lambda _: f"{START}\n{block}{END}", text, count=1))
+def marked(page: Path, start: str = START, end: str = END) -> str:
+    """``page``'s text; a clear error where it is missing or lacks the markers ``start`` ... ``end``."""
+    if not page.is_file():
+        fail(f"{page}: no such file")
+    text = page.read_text()
+    if start not in text or end not in text:
+        fail(f"{page}: no {start} ... {end} block to rewrite")
+    return text
+
+
+def write_block(page: Path, block: str, start: str = START, end: str = END) -> None:
+    """Replace the text between the markers ``start`` and ``end`` of ``page`` with ``block``."""
+    pattern = re.compile(re.escape(start) + ".*?" + re.escape(end), re.S)
+    page.write_text(pattern.sub(lambda _: f"{start}\n{block}{end}", marked(page, start, end), count=1))
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("studies", nargs="+", help="finished study directories (each holds results.json)")
     parser.add_argument("--readme", default=None, help="rewrite this file's headline block")
+    parser.add_argument("--details", default=None,
+                        help="rewrite this page's headline-details block with every number behind the block; "
+                             "the block's claim lines link to it")
     args = parser.parse_args(argv)
-    block = headline([load(Path(p)) for p in args.studies])
+    studies = [load(Path(p)) for p in args.studies]
+    readme_dir = Path(args.readme).parent if args.readme else Path(".")
+    page = Path(args.details) if args.details else None
+    if args.readme:  # both pages checked before either is written
+        marked(Path(args.readme))
+    if page is not None:
+        marked(page, DETAILS_START, DETAILS_END)
+        write_block(page, details(studies, page.parent), DETAILS_START, DETAILS_END)
+    block = headline(studies, link(page, readme_dir) if page is not None else None, readme_dir)
     if args.readme:
-        write_readme(Path(args.readme), block)
+        write_block(Path(args.readme), block)
     print(block, end="")
     return block
 

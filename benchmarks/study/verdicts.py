@@ -142,7 +142,8 @@ def _label(study: Study, key: str) -> str:
     return study.methods[key]["label"]
 
 
-def _best(study: Study, es: bool) -> str:
+def best(study: Study, es: bool) -> str:
+    """The ES (``es``) or RL method with the highest mean test reward: the pair claim 1 compares."""
     keys = [k for k in study.methods if (k in ES) == es]
     return max(keys, key=lambda k: _mean(study.rewards(k)))
 
@@ -153,7 +154,7 @@ def _sides(study: Study) -> tuple[list[str], list[str]]:
 
 def claim_budget(study: Study) -> tuple[str, str]:
     """ES matches or beats RL at the same budget: the best ES method against the best RL method."""
-    es, rl = _best(study, True), _best(study, False)
+    es, rl = best(study, True), best(study, False)
     (me, se), (mr, sr) = mean_std(study.rewards(es)), mean_std(study.rewards(rl))
     p = permutation_p(study.rewards(es), study.rewards(rl))
     numbers = f"{_label(study, es)} {me:.3f} ± {se:.3f} against {_label(study, rl)} {mr:.3f} ± {sr:.3f} (p = {p:.3f})"
@@ -257,13 +258,19 @@ CLAIMS = [("ES matches or beats RL at the same budget (best ES method's mean tes
           ("ES reward-hacks less (hacked runs, then reward against KL to the base model)", claim_hacking)]
 
 
-def claims(studies: list[Study]) -> list[str]:
-    """The four claims, a verdict per study and one over all of them, as Markdown list items."""
+def overall(verdicts: list[str]) -> str:
+    """One verdict over the studies' verdicts of a claim: the one they share where every tested study
+    agrees, "mixed" where they differ, "untested" where none tested it."""
+    tested = {v for v in verdicts if v != "untested"}
+    return tested.pop() if len(tested) == 1 else ("mixed" if tested else "untested")
+
+
+def judge(studies: list[Study]) -> list[tuple[str, str, list[tuple[Study, str, str]]]]:
+    """Each claim of ``CLAIMS``: (its text, the verdict over all studies, each study's (study, verdict,
+    numbers))."""
     out = []
-    for i, (text, rule) in enumerate(CLAIMS, 1):
+    for text, rule in CLAIMS:
         found = [(s, *rule(s)) for s in studies]
-        verdicts = {v for _, v, _ in found if v != "untested"}
-        overall = verdicts.pop() if len(verdicts) == 1 else ("mixed" if verdicts else "untested")
-        out.append(f"{i}. **{text}: {overall}.**")
-        out += [f"   - {s.env}: {v}. {numbers}." for s, v, numbers in found]
+        out.append((text, overall([v for _, v, _ in found]), found))
     return out
+
