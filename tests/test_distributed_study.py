@@ -86,4 +86,4 @@ def test_learning_curves_on_two_processes_give_one_process_points(tmp_path, tiny
             assert numbers(p["validation"]) == numbers(b[key]["validation"]) and numbers(p["greedy"]) == numbers(b[key]["greedy"]), key
         else:
             assert p["greedy"]["reward_mean"] == pytest.approx(b[key]["greedy"]["reward_mean"], rel=1e-4, abs=1e-6), key
-    assert (two / "learning_curve.md").read_text().count("| GRPO |") == 2  # written once, by process 0
+    assert (two / "learning_curve.md").read_text().count("| GRPO |") == 2 + 2  # written once, by process 0: scores, costs

@@ -7,16 +7,19 @@ from pathlib import Path
 import pytest
 
 from benchmarks.study import headline
-from benchmarks.study.verdicts import (Study, claim_budget, claim_hacking, claim_seeds, claim_settings, deviations,
-                                       permutation_p)
+from benchmarks.study.verdicts import (QUESTION, Study, claim_budget, claim_hacking, claim_near_zero, claim_seeds,
+                                       claim_settings, deviations, per_machine, permutation_p)
 
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "grpo": "GRPO", "dr_grpo": "Dr.GRPO",
           "ppo": "PPO"}
 
 
-def summary(reward: float, correct: float = 0.5, kl: float | None = None, std: float = 0.0, n: int = 100) -> dict:
+def summary(reward: float, correct: float = 0.5, kl: float | None = None, std: float = 0.0, n: int = 100,
+            se: float | None = None) -> dict:
+    """A measurement's summary; ``se`` its standard error over distinct prompts (default: every prompt
+    distinct, std / sqrt(n))."""
     return {"env": "Toy-v0", "pass@1": correct, "reward_mean": reward, "correct_rate": correct, "kl_mean": kl,
-            "parts_mean": {}, "reward_std": std, "n": n}
+            "parts_mean": {}, "reward_std": std, "n": n, "reward_se": std / n ** 0.5 if se is None else se}
 
 
 def step_of(key: str, setting: str) -> dict:
@@ -104,23 +107,53 @@ def test_the_seed_claim_is_pairwise_symmetric_and_one_outlier_cannot_decide_it()
     assert claim_seeds(s)[0] == "not shown"
 
 
-def test_the_settings_claim_needs_grids_of_the_same_span_and_is_symmetric():
-    flat_es = {"alpha=0.001": [0.8, 0.81, 0.79, 0.8], "alpha=0.006": [0.8, 0.8, 0.81, 0.8]}
-    steep_rl = {"lr=1e-06": [0.8, 0.81, 0.79, 0.8], "lr=6e-06": [0.6, 0.62, 0.61, 0.6]}
+def grid(name: str, values: dict[float, list[float]]) -> dict[str, list[float]]:
+    """A step-size grid: setting "NAME=STEP" -> test rewards over seeds, in the order given (the first
+    is the selected setting)."""
+    return {f"{name}={step:g}": rewards for step, rewards in values.items()}
+
+
+STEADY, STEEP = [0.8, 0.81, 0.79, 0.8], [0.6, 0.62, 0.61, 0.6]
+
+
+def test_the_settings_claim_reads_three_step_sizes_around_the_selected_one_and_is_symmetric():
+    flat_es = grid("alpha", {1e-3: STEADY, 3.3333333333e-4: [0.8, 0.8, 0.81, 0.8], 3e-3: [0.79, 0.8, 0.8, 0.81]})
+    steep_rl = grid("lr", {3e-6: STEADY, 1e-6: STEEP, 9e-6: [0.5, 0.52, 0.51, 0.5]})
     verdict, numbers = claim_settings(study({"es_full": flat_es, "grpo": steep_rl}))
-    assert verdict == "held" and "x6" in numbers
-    steep_es = {"alpha=0.001": [0.8, 0.81, 0.79, 0.8], "alpha=0.006": [0.6, 0.62, 0.61, 0.6]}
-    flat_rl = {"lr=1e-06": [0.8, 0.81, 0.79, 0.8], "lr=6e-06": [0.8, 0.8, 0.81, 0.8]}
+    assert verdict == "held" and "x3 apart" in numbers and "p = 0.029" in numbers
+    steep_es = grid("alpha", {1e-3: STEADY, 3.3333333333e-4: STEEP, 3e-3: [0.5, 0.52, 0.51, 0.5]})
+    flat_rl = grid("lr", {3e-6: STEADY, 1e-6: [0.8, 0.8, 0.81, 0.8], 9e-6: [0.79, 0.8, 0.8, 0.81]})
     assert claim_settings(study({"es_full": steep_es, "grpo": flat_rl}))[0] == "failed"
-    # ES's alpha x6 against RL's lr x10 (the rg study): no verdict, whichever way the numbers go
-    wider_rl = {"lr=1e-06": steep_rl["lr=1e-06"], "lr=1e-05": steep_rl["lr=6e-06"]}
-    verdict, numbers = claim_settings(study({"es_full": flat_es, "grpo": wider_rl}))
-    assert verdict == "not shown, grids differ" and "x6" in numbers and "x10" in numbers
-    # a grid over beta (RL's Conciseness grid) is not a step-size grid
-    beta_grid = {"beta=0_lr=1e-05": steep_rl["lr=1e-06"], "beta=0.001_lr=1e-05": steep_rl["lr=6e-06"]}
-    assert claim_settings(study({"es_full": flat_es, "grpo": beta_grid}))[0] == "not shown, grids differ"
-    three = dict(flat_es, **{"alpha=0.0025": [0.8] * 4})
-    assert claim_settings(study({"es_full": three, "grpo": steep_rl}))[0] == "not shown, grids differ"
+
+
+def test_an_extended_grid_is_read_on_the_same_window_as_the_others():
+    """ES's grid extended to 4 step sizes (its selection sat at an edge, the study added one beyond it):
+    claim 3 reads the selected step size and its two neighbours, as for RL's 3, so the step it never
+    selected (x9 away, where its reward collapses) does not count against it."""
+    extended = grid("alpha", {1e-3: STEADY, 3.3333333333e-4: [0.8, 0.8, 0.81, 0.8], 3e-3: [0.79, 0.8, 0.8, 0.81],
+                              9e-3: [0.1, 0.12, 0.11, 0.1]})
+    steep_rl = grid("lr", {3e-6: STEADY, 1e-6: STEEP, 9e-6: [0.5, 0.52, 0.51, 0.5]})
+    found = claim_settings(study({"es_full": extended, "grpo": steep_rl}))
+    assert found.verdict == "held" and "ES (full-rank) 4 x27" in found.numbers
+    # the same grid, its selection at the bottom edge: no window, no verdict, and the gate says so
+    at_edge = dict(sorted(extended.items(), key=lambda kv: float(kv[0].split("=")[1])))  # the smallest selected
+    found = claim_settings(study({"es_full": at_edge, "grpo": steep_rl}))
+    assert found.verdict == "not shown, grids differ" and "sits at its grid's edge" in found.numbers
+
+
+def test_grids_that_differ_give_no_settings_verdict_and_say_what_the_gate_hid():
+    flat_es = {"alpha=0.001": STEADY, "alpha=0.006": [0.8, 0.8, 0.81, 0.8]}
+    steep_rl = {"lr=1e-06": STEADY, "lr=6e-06": STEEP}
+    found = claim_settings(study({"es_full": flat_es, "grpo": steep_rl}))  # round two's 2-point grids
+    assert found.verdict == "not shown, grids differ" and "has 2 step sizes, fewer than 3" in found.numbers
+    assert found.ungated == "held" and "without it, over the whole grids: held" in found.gate
+    three_es = grid("alpha", {1e-3: STEADY, 3.3333333333e-4: STEADY, 3e-3: STEADY})
+    ten_rl = grid("lr", {1e-5: STEADY, 1e-6: STEEP, 1e-4: STEEP})  # x10 apart against ES's x3
+    found = claim_settings(study({"es_full": three_es, "grpo": ten_rl}))
+    assert found.verdict == "not shown, grids differ" and "the grids' factors differ" in found.numbers
+    beta_grid = {"beta=0_lr=1e-05": STEADY, "beta=0.001_lr=1e-05": STEEP, "beta=0.01_lr=1e-05": STEEP}
+    found = claim_settings(study({"es_full": three_es, "grpo": beta_grid}))  # a grid over beta: not the step size
+    assert found.verdict == "not shown, grids differ" and "GRPO varies more than its step size" in found.numbers
 
 
 def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
@@ -132,6 +165,23 @@ def test_hacking_counts_hacked_runs_then_reads_reward_against_kl():
     verdict, numbers = claim_hacking(study(moved, kl={"es_full": 0.05, "grpo": 0.001}))
     assert verdict == "failed" and "dominates" in numbers
     assert claim_hacking(study(moved, kl={"es_full": 0.01, "grpo": 0.01}))[0] == "not shown"
+
+
+def test_hacking_needs_both_sides_moved_and_is_symmetric_in_effect():
+    """ES moved with 1 of 4 runs hacked and RL did not move: the old rule said "failed", while the
+    mirror (RL moved and hacked, ES did not move) was "untested". Both are untested now, and each
+    finding says what the gate hid, the one the mirror of the other."""
+    up, flat = {"a": [0.8, 0.81, 0.79, 0.8]}, {"a": FLAT}
+    es_moved = claim_hacking(study({"es_full": up, "grpo": flat}, hacked={"es_full": 1}))
+    rl_moved = claim_hacking(study({"es_full": flat, "grpo": up}, hacked={"grpo": 1}))
+    assert (es_moved.verdict, rl_moved.verdict) == ("untested", "untested")
+    assert (es_moved.ungated, rl_moved.ungated) == ("failed", "held")
+    assert "moved: ES ES (full-rank), RL none" in es_moved.numbers and "moved: ES none, RL GRPO" in rl_moved.numbers
+    # both sides moved: only the methods that moved are counted (an unmoved ES method's hacked run is not ES's)
+    both = {"es_full": up, "es_lowrank": flat, "grpo": {"a": [0.8, 0.81, 0.79, 0.8]}}
+    assert claim_hacking(study(both, hacked={"es_lowrank": 1})).verdict == "not shown"
+    assert claim_hacking(study(both, hacked={"es_full": 1})).verdict == "failed"
+    assert claim_hacking(study(both, hacked={"grpo": 1})).verdict == "held"
 
 
 def test_the_block_is_the_table_and_one_line_per_claim_and_the_details_hold_the_numerics(tmp_path):
@@ -148,8 +198,9 @@ def test_the_block_is_the_table_and_one_line_per_claim_and_the_details_hold_the_
     assert len(claims) == 4 and claims[0].startswith("1. **ES matches or beats RL at the same budget: held.**")
     assert "Toy-v0: held, ES (full-rank) against GRPO, p = 0.029" in claims[0]
     assert claims[0].endswith("([every number](docs/study/round-two.md#claim-1-es-matches-or-beats-rl-at-the-same-budget)).")
-    assert "Toy-v0: untested ([every number]" in claims[1]  # GRPO did not learn: no pair, no p
-    assert "Toy-v0: held, 0 of 8 runs hacked" in claims[3]
+    # GRPO did not learn: no pair, no p; what the gate hid, in a few words
+    assert "Toy-v0: untested (without its gate: not shown, p = 0.429) ([every number]" in claims[1]
+    assert "Toy-v0: untested, 0 of 8 runs hacked (without its gate: held)" in claims[3]  # GRPO did not move
     assert "training cpu bfloat16" not in text and " h** of training" not in text  # the numerics go to the page
     page = headline.details([s], Path("docs/study"))
     assert "training cpu bfloat16; engine: native; RL updates with the shared prefix on" in page
@@ -223,3 +274,50 @@ def test_learning_curves_are_one_line_in_the_block_and_whole_on_the_page(tmp_pat
     page = headline.details([s], tmp_path)
     assert "![Toy-v0: learning curves](./learning_curve.png)" in page
     assert f"- {verdicts[1]}" in page and f"- {repeats}" in page and "- Does ES catch up" in page
+
+
+UP, BASE5 = [0.3, 0.31, 0.29, 0.3], [0.05, 0.05, 0.05, 0.05]
+
+
+def test_the_near_zero_question_is_a_symmetric_rule_tested_both_ways():
+    """Round three's pre-registered question on made-up results: held when ES moves from a near-zero
+    base and no RL method does (and ES beats each at p < 0.05), failed in the mirror case, not shown
+    when both move or a lead is within seed noise, untested when nothing moves or the base is not near zero."""
+    def near(es, rl, base=0.05):
+        return study({"es_full": {"a": es}, "grpo": {"x": rl}, "dr_grpo": {"x": rl}, "ppo": {"x": rl}}, base=base)
+
+    held = claim_near_zero(near(UP, BASE5))
+    assert held.verdict == "held" and held.numbers.count("p = 0.029") == 3 and "moved: ES (full-rank)" in held.numbers
+    failed = claim_near_zero(near(BASE5, UP))
+    assert failed.verdict == "failed" and "GRPO against ES (full-rank) p = 0.029" in failed.numbers
+    assert claim_near_zero(near(UP, UP)).verdict == "not shown"  # both improved: not "where RL does not"
+    noisy_rl = [0.05, 0.32, 0.05, 0.06]  # did not move (its seeds spread), but ES's lead is within their noise
+    found = claim_near_zero(near(UP, noisy_rl))
+    assert found.verdict == "not shown" and "within seed noise" in found.numbers
+    assert claim_near_zero(near(BASE5, BASE5)).verdict == "untested"
+    assert "not near zero" in claim_near_zero(near([0.8] * 4, [0.5] * 4, base=0.5)).numbers
+
+
+def test_the_question_line_names_the_rules_commit_for_a_near_zero_study():
+    s = study({"es_full": {"a": UP}, "grpo": {"x": BASE5}}, base=0.05)
+    s.results["config"]["rule_commit"] = "0123456789abcdef0123456789abcdef01234567"
+    text = headline.headline([s])
+    assert (f"- **{QUESTION} held.** Toy-v0: base pass@1 5.0%" in text
+            and "(rule pre-registered in commit 0123456789ab)." in text)
+    assert QUESTION not in headline.headline([study({"es_full": {"a": UP}, "grpo": {"x": BASE5}})])  # base 0.5
+
+
+def test_a_verdict_over_several_machines_must_hold_on_each_alone():
+    """Seeds 0-1 trained on one CPU and seeds 2-3 on another: pooled, ES is ahead at p = 0.029; on each
+    machine alone 2 seeds a side cannot show it, so the verdict is "not shown"."""
+    s = study({"es_full": {"a": [0.9, 0.91, 0.89, 0.9]}, "grpo": {"x": [0.6, 0.61, 0.59, 0.6]}})
+    assert claim_budget(s).verdict == "held" and per_machine(claim_budget)(s).verdict == "held"  # one machine
+    for r in s.results["runs"]:
+        r["machines"] = [{"cpu": "A" if r["seed"] < 2 else "B", "cpu_bf16_units": "x", "threads": 2}]
+    found = per_machine(claim_budget)(s)
+    assert found.verdict == "not shown" and "The runs trained on 2 machines" in found.numbers
+    assert "on CPU A (bf16 units: x) (4 runs): not shown" in found.numbers and "p = 0.333" in found.numbers
+    # every run on one machine, whatever its thread count: one machine
+    for r in s.results["runs"]:
+        r["machines"] = [{"cpu": "A", "cpu_bf16_units": "x", "threads": 2 + r["seed"]}]
+    assert per_machine(claim_budget)(s).verdict == "held"

@@ -80,6 +80,10 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
         assert "(budget 32): ES (full-rank) 32, ES (low-rank) 32, GRPO 32, Dr.GRPO 32, PPO 32" in text, name
         assert "device and dtype: evaluation cpu float32, training cpu float32; engine: native" in text, name
     assert all(r["runtime"] == ["cpu float32"] and r["greedy"]["device"] == "cpu" for r in runs)
+    # the test set's errors over distinct prompts: every measurement's, from the test items' prompt digests
+    assert json.loads((out / "evals" / "test_prompts.json").read_text())["prompts"] == 4
+    assert all(s.get("reward_se") is not None for s in [*results["base"].values(), *(r[k] for r in runs for k in ("greedy", "kl"))])
+    assert "| Test SE (prompts) | From the base |" in table1
     # weights are deleted once measured; logs stay
     assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
     # the report is re-rendered from results.json alone, to the same files
@@ -446,3 +450,108 @@ def test_an_older_study_re_renders_to_its_committed_files(name, tmp_path):
         assert (out / table).read_text() == (committed / table).read_text(), table
     before, after = (json.loads((d / "results.json").read_text()) for d in (committed, out))
     assert after["config"] == before["config"] and "alpha_ratio" in after["config"]
+
+
+def test_a_grid_whose_selection_sits_at_an_edge_is_extended_beyond_it(tmp_path, tiny_model_dir, one_thread):
+    """--extend-grids 1 with two step sizes: the selected one is at an edge either way, so one more step
+    beyond it (the grid's own factor) runs on every seed, and the setting is selected again."""
+    out = tmp_path / "study"
+    study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "grpo", "--betas", "0",
+                         "--lrs", "1e-3,1e-4", "--extend-grids", "1"))
+    results = json.loads((out / "results.json").read_text())
+    lrs = sorted(r["hparams"]["lr"] for r in results["runs"])
+    assert len(lrs) == 3 and (lrs[0] == pytest.approx(1e-5) or lrs[-1] == pytest.approx(1e-2))
+    [added] = [r for r in results["runs"] if r.get("extension")]
+    assert added["extension"]["round"] == 1 and added["extension"]["selected"] in ("beta=0_lr=0.001", "beta=0_lr=0.0001")
+    assert "Grid extended, GRPO: " in (out / "table1.md").read_text() and results["extensions"]
+    assert json.loads((out / "study.json").read_text())["extend_grids"] == 1
+
+
+def test_the_extension_is_one_step_beyond_the_edge_by_the_edges_factor(tmp_path):
+    cfg = study.StudyConfig(env="Conciseness-v0", methods="grpo,es_full", seeds=2, betas="0", lrs="4e-6,1.2e-5",
+                            sigmas="1e-3", alpha_ratios="0.5,1.5", extend_grids=1)
+    cfg.validate()
+    records = [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed}
+               for r in study_plan.plan(cfg, tmp_path)]
+    top = study_plan.extension(cfg, tmp_path, "grpo", records, "beta=0_lr=1.2e-05")
+    assert [(r.setting, r.seed) for r in top] == [("beta=0_lr=3.6e-05", 0), ("beta=0_lr=3.6e-05", 1)]
+    assert top[0].hparams["lr"] == pytest.approx(3.6e-5) and top[0].extension == {
+        "round": 1, "edge": "top", "selected": "beta=0_lr=1.2e-05"}
+    bottom = study_plan.extension(cfg, tmp_path, "es_full", records, "sigma=0.001_alpha=0.0005")
+    assert bottom[0].setting == "sigma=0.001_alpha=0.000166667" and bottom[0].extension["edge"] == "bottom"
+    added = [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed,
+              "extension": r.extension} for r in top]
+    assert study_plan.extension(cfg, tmp_path, "grpo", records + added, "beta=0_lr=3.6e-05") == []  # rounds used up
+    cfg.extend_grids = 2
+    assert study_plan.extension(cfg, tmp_path, "grpo", records + added, "beta=0_lr=3.6e-05")[0].setting == \
+        "beta=0_lr=0.000108"
+    assert study_plan.extension(cfg, tmp_path, "grpo", records + added, "beta=0_lr=1.2e-05") == []  # inside
+
+
+def test_an_rl_runs_last_step_is_checkpointed():
+    """A learning curve continues a grid run from its last checkpoint: the interval divides the steps."""
+    assert [study_plan.quarter(s) for s in (8, 9, 10, 3, 1)] == [2, 1, 2, 1, 1]
+
+
+def test_options_added_after_a_study_started_do_not_stop_its_resume():
+    saved = {"env": "Conciseness-v0", "seeds": 4}
+    assert study_config.changed_options(saved, {**saved, "extend_grids": 0, "rule_commit": None}) == []
+    assert study_config.changed_options(saved, {**saved, "extend_grids": 1}) == ["extend_grids"]
+    assert study_config.changed_options(saved, {**saved, "seeds": 2}) == ["seeds"]
+
+
+def git_repo(path: Path) -> callable:
+    import subprocess
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=path, capture_output=True, text=True, check=True).stdout.strip()
+
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    return git
+
+
+def test_the_rule_commit_is_checked_and_recorded(tmp_path, tiny_model_dir, one_thread, monkeypatch, capsys):
+    """--rule-commit: the commit that holds the pre-registered rule, in the checkout's history, recorded
+    (its full id) in study.json and every run's record; a study resumed with another is refused."""
+    repo = tmp_path / "repo"
+    (repo / "benchmarks" / "study").mkdir(parents=True)
+    git = git_repo(repo)
+    (repo / "README.md").write_text("no rule yet")
+    git("add", "README.md")
+    git("commit", "-q", "-m", "before the rule")
+    before = git("rev-parse", "HEAD")
+    (repo / "benchmarks" / "study" / "verdicts.py").write_text("def claim_near_zero(study): ...\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "the rule")
+    rule = git("rev-parse", "HEAD")
+    git("checkout", "-q", "-b", "elsewhere", before)
+    (repo / "other.txt").write_text("x")
+    git("add", "other.txt")
+    git("commit", "-q", "-m", "another line of history")
+    elsewhere = git("rev-parse", "HEAD")
+    git("checkout", "-q", "-")
+    monkeypatch.chdir(repo)
+    with pytest.raises(study.ConfigError, match="no such commit"):
+        study_record.pinned_rule("0123456")
+    with pytest.raises(study.ConfigError, match="holds no benchmarks/study/verdicts.py"):
+        study_record.pinned_rule(before)
+    with pytest.raises(study.ConfigError, match="not in this checkout's history"):
+        study_record.pinned_rule(elsewhere)
+    assert study_record.pinned_rule(rule[:8]) == rule
+
+    out = tmp_path / "study"
+    argv = tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "grpo", "--betas", "0")
+    study.main([*argv, "--rule-commit", rule[:8]])
+    assert json.loads((out / "study.json").read_text())["rule_commit"] == rule
+    assert json.loads((out / "results.json").read_text())["runs"][0]["rule_commit"] == rule
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        study.main([*argv, "--rule-commit", before])
+    assert "holds no benchmarks/study/verdicts.py" in capsys.readouterr().err
+    (repo / "benchmarks" / "study" / "verdicts.py").write_text("def claim_near_zero(study): return 'changed'\n")
+    git("commit", "-q", "-am", "the rule changed after the study started")
+    with pytest.raises(SystemExit):
+        study.main([*argv, "--rule-commit", git("rev-parse", "HEAD")])
+    assert "holds a study with other options (rule_commit)" in capsys.readouterr().err

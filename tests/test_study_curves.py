@@ -17,44 +17,58 @@ def curve_argv(out, model_dir, *extra: str) -> list[str]:
             "--batch-size", "2", "--sigmas", "0.01", "--betas", "0", "--lrs", "1e-3", "--kl-samples", "2", *extra]
 
 
-def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_dir, one_thread, kill_on_call):
+def test_curves_continue_the_grid_runs_and_resume(tmp_path, tiny_model_dir, one_thread, kill_on_call):
+    """With --curve-budgets from the start, each grid run keeps what continuing it needs (ES its update
+    log, RL its newest checkpoint; an unselected setting's is released), and its curve continues it:
+    the first point is the grid run's record, the later ones its continuation."""
     out = tmp_path / "study"
-    study.main(curve_argv(out, tiny_model_dir))  # the grid alone
-    assert not (out / "curves").exists()
+    argv = curve_argv(out, tiny_model_dir, "--curve-budgets", "32,48", "--lrs", "1e-3,1e-4")
     with kill_on_call(study_curves, "continue_to", 2):  # killed on its way to the second budget of a run
-        study.main(curve_argv(out, tiny_model_dir, "--curve-budgets", "32,48"))
-    study.main(curve_argv(out, tiny_model_dir, "--curve-budgets", "32,48"))  # resumes at the next budget
+        study.main(argv)
+    study.main(argv)  # resumes at the next budget
 
     curves = json.loads((out / "curves.json").read_text())
     assert curves["budgets"] == [16, 32, 48]
     points = curves["points"]
     assert sorted((p["method"], p["budget"]) for p in points) == [(m, b) for m in ("es_full", "grpo")
                                                                    for b in (16, 32, 48)]
+    grid = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]
+            if r["setting"] == json.loads((out / "results.json").read_text())["selection"][r["method"]]["setting"]}
     for p in points:
         assert p["validation"]["samples"] == p["budget"] and p["greedy"]["split"] == "test" and "kl" in p
         assert p["validation"]["cpu_seconds"] > 0 and p["measure_cpu_seconds"] > 0  # what each point cost
         assert p["machines"] and p["machines"][0]["cpu"]  # and where, since seconds compare within one machine
-        assert (out / "curves" / p["method"] / p["setting"] / "seed=0" / f"completions-{p['budget']}.jsonl.gz").is_file()
-    # the first point continues the run the tables report: the grid's numbers again
-    grid = {r["method"]: r for r in json.loads((out / "results.json").read_text())["runs"]}
-    for p in (p for p in points if p["budget"] == 16):
-        assert p["greedy"]["reward_mean"] == pytest.approx(grid[p["method"]]["greedy"]["reward_mean"], abs=1e-6)
-        assert p["validation"]["eval_reward"] == pytest.approx(grid[p["method"]]["validation"]["eval_reward"], abs=1e-6)
+        curve = out / "curves" / p["method"] / p["setting"] / "seed=0"
+        if p["budget"] == 16:  # the grid run itself: its record, never trained or measured again
+            assert p["grid_run"] and p["greedy"] == grid[p["method"]]["greedy"]
+            assert p["validation"] == grid[p["method"]]["validation"] and not (curve / "eval" / "b16").exists()
+        else:
+            assert (curve / f"completions-{p['budget']}.jsonl.gz").is_file()
+    for method in ("es_full", "grpo"):  # the curve's log goes on from the grid run's: a continuation
+        r = grid[method]
+        run_log = (out / "runs" / method / r["setting"] / "seed=0" / "log.jsonl").read_text().splitlines()
+        curve_log = (out / "curves" / method / r["setting"] / "seed=0" / "log.jsonl").read_text().splitlines()
+        assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log)
+    # RL's checkpoint was handed to the curve, the unselected setting's released; nothing of weights stays
+    assert not list(out.glob("runs/*/*/*/checkpoints")) and not list(out.glob("runs/*/*/*/final"))
+    assert not list(out.glob("curves/*/*/*/final")) and not list(out.glob("curves/*/*/*/checkpoints"))
     text = (out / "learning_curve.md").read_text()
-    assert "At 16 responses each curve retrains its grid run: 2 of 2 points repeat the grid's test reward." in text
+    assert "At 16 responses 2 of 2 curves continue their grid run." in text
     assert "Machines that trained the points: CPU " in text and ": 6 points." in text
-    assert text.count("| ES (full-rank) |") == 3 and "Claim 1 at 48 responses:" in text
+    assert text.count("| ES (full-rank) |") == 3 + 3 and "Claim 1 at 48 responses:" in text  # scores, costs
     assert "Does ES catch up with 3x the budget? ES (full-rank) at 48 responses" in text
     assert curves["catch_up"] in text and curves["repeats_grid"] in text
-    es_rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| ES (full-rank) |")]
-    assert all(float(row[-1]) >= 0 and float(row[-2]) >= 0 for row in es_rows)  # wall and CPU s per run: numbers
+    cost_rows = [line.split("|")[1:-1] for line in text.split("What each run cost")[1].splitlines()
+                 if line.startswith("| ES (full-rank) |")]
+    assert all(float(cell.split(" (")[0]) >= 0 and cell.strip().endswith("(1)") for row in cost_rows for cell in row[2:])
     assert (out / "learning_curve.png").stat().st_size > 0
-    assert not list(out.glob("curves/*/*/*/final"))  # weights deleted once every budget is measured
     assert "curve_budgets" not in json.loads((out / "study.json").read_text())  # an extension, not the grid
-    # the curve's completions are evidence too: counted, and rescored to the same table
+    # the curve's completions are evidence too (the first point's are its grid run's): counted, and
+    # rescored to the same table
     from benchmarks.study import evidence
 
-    assert evidence.main([str(out)]).count("(curve)") == 2 * 3 * 2  # 2 methods x 3 budgets x (greedy, kl)
+    # 2 methods x the 2 continued budgets x (greedy, kl); the first budget's are counted as the grid runs'
+    assert evidence.main([str(out)]).count("(curve)") == 2 * 2 * 2
     evidence.main([str(out), "--rescore", str(tmp_path / "rescored")])
     assert (tmp_path / "rescored" / "learning_curve.md").read_text() == text
     # and re-rendered in place from curves.json, as the study wrote them
@@ -64,16 +78,34 @@ def test_curves_continue_the_selected_settings_and_resume(tmp_path, tiny_model_d
     assert (out / "learning_curve.md").read_text() == text and (out / "curves.json").read_text() == before
 
 
-def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
-    def point(method, seed, reward, budget=512):
+def test_a_curve_whose_grid_run_kept_nothing_retrains_it_and_says_so(tmp_path, tiny_model_dir, one_thread):
+    """The grid run first, without curves (RL's checkpoint is deleted once measured, ES's update log is
+    a log and stays), then the curves: ES continues its grid run, GRPO retrains its own."""
+    out = tmp_path / "study"
+    study.main(curve_argv(out, tiny_model_dir))
+    assert not (out / "curves").exists()
+    study.main(curve_argv(out, tiny_model_dir, "--curve-budgets", "32"))
+    points = {(p["method"], p["budget"]): p for p in json.loads((out / "curves.json").read_text())["points"]}
+    assert points["es_full", 16].get("grid_run") and points["grpo", 16].get("retrained")
+    text = (out / "learning_curve.md").read_text()
+    assert "At 16 responses 1 of 2 curves continue their grid run; 1 retrained it (its state was gone)" in text
+    assert "The verdicts read the grid's runs at this budget." in text
+
+
+def test_the_first_budget_is_the_grid_run_and_a_retrained_point_is_checked_against_it():
+    def point(method, seed, reward, budget=512, **extra):
         return {"method": method, "label": method.upper(), "setting": "s", "seed": seed, "budget": budget,
-                "greedy": {"reward_mean": reward}}
+                "greedy": {"reward_mean": reward}, "validation": {"seconds": 1.0}, **extra}
 
     records = [point("es", 0, 0.5), point("ppo", 0, 0.7)]  # the grid's runs
-    points = [point("es", 0, 0.5), point("ppo", 0, 0.65), point("ppo", 0, 0.9, budget=1024)]
+    points = [point("es", 0, 0.5, grid_run=True), point("ppo", 0, 0.65, retrained=True),
+              point("ppo", 0, 0.9, budget=1024)]
     line = study_curves.repeats_grid(points, records, 512)
-    assert line.startswith("At 512 responses each curve retrains its grid run: 1 of 2 points repeat")
+    assert line.startswith("At 512 responses 1 of 2 curves continue their grid run; 1 retrained it")
     assert "PPO seed 0: 0.6500 against the grid's 0.7000." in line and "ES seed" not in line
+    # the verdicts read the grid's run at the first budget, the retrained point's own later
+    judged = {(p["method"], p["budget"]): p["greedy"]["reward_mean"] for p in study_curves.scored(points, records, 512)}
+    assert judged == {("es", 512): 0.5, ("ppo", 512): 0.7, ("ppo", 1024): 0.9}
     # a point trained on another CPU than its grid run says so: bf16 sums differ between CPUs' kernels
     zen4, xeon = ({"cpu": cpu, "cpu_bf16_units": units, "threads": 2}
                   for cpu, units in (("AMD EPYC", "avx512_bf16"), ("Intel Xeon", "amx")))
@@ -83,39 +115,76 @@ def test_the_first_budget_is_checked_against_the_grid_run_it_retrains():
             "the grid's run on CPU AMD EPYC (bf16 units: avx512_bf16)).") in line
 
 
-def test_the_machines_note_counts_points_per_machine_and_warns_when_they_mix():
+def test_the_machines_note_counts_points_per_machine_and_a_point_without_one_gets_its_measurements():
     zen4 = {"cpu": "AMD EPYC", "cpu_bf16_units": "avx512_bf16", "threads": 2}
     xeon = {"cpu": "Intel Xeon", "cpu_bf16_units": "amx_bf16", "threads": 2}
     one = study_curves.machines_note([{"machines": [zen4]}, {"machines": [zen4]}])
     assert one == "Machines that trained the points: CPU AMD EPYC (bf16 units: avx512_bf16): 2 points."
     mixed = study_curves.machines_note([{}, {"machines": [zen4]}, {"machines": [zen4, xeon]}])
-    assert "(seconds per run then average over machines)" in mixed and "not recorded: 1 point;" in mixed
+    assert "(seconds compare only within one machine: costs are given per machine)" in mixed
+    assert "not recorded: 1 point;" in mixed
     assert "CPU AMD EPYC (bf16 units: avx512_bf16) and CPU Intel Xeon (bf16 units: amx_bf16): 1 point." in mixed
+    # a point from before machines were recorded: its run's measurements up to it say where it ran
+    early = {"method": "ppo", "setting": "s", "seed": 0, "greedy": {"machine": zen4}}
+    placed = study_curves.placed([dict(early, budget=512), dict(early, budget=1024, greedy={"machine": xeon})])
+    assert [study_curves.machine_of(p) for p in placed] == ["CPU AMD EPYC (bf16 units: avx512_bf16)",
+                                                             "several machines"]
+    assert "(from its measurements)" in study_curves.machines_note(placed)
+
+
+def catch_up_points(es_last, rl_first, first=512, last=2048):
+    out = []
+    for seed in range(4):
+        for method, label, rewards in (("es_lowrank", "ES (low-rank)", (0.5, es_last)),
+                                       ("es_full", "ES (full-rank)", (0.4, 0.45)),
+                                       ("grpo", "GRPO", (rl_first, 0.9)), ("ppo", "PPO", (0.3, 0.3))):
+            for budget, reward in zip((first, last), rewards):
+                out.append({"method": method, "label": label, "setting": "s", "seed": seed, "budget": budget,
+                            "greedy": {"reward_mean": reward + 0.01 * seed},
+                            "validation": {"seconds": 1.0, "cpu_seconds": 100.0 * budget / first},
+                            "measure_cpu_seconds": 10.0})
+    return out
 
 
 def test_whether_es_catches_up_compares_es_at_the_last_budget_with_rl_at_the_first():
-    def points(es_last, rl_first, first=512, last=2048):
-        out = []
-        for seed in range(4):
-            for method, label, rewards in (("es_lowrank", "ES (low-rank)", (0.5, es_last)),
-                                           ("es_full", "ES (full-rank)", (0.4, 0.45)),
-                                           ("grpo", "GRPO", (rl_first, 0.9)), ("ppo", "PPO", (0.3, 0.3))):
-                for budget, reward in zip((first, last), rewards):
-                    out.append({"method": method, "label": label, "seed": seed, "budget": budget,
-                                "greedy": {"reward_mean": reward + 0.01 * seed},
-                                "validation": {"cpu_seconds": 100.0 * budget / first}, "measure_cpu_seconds": 10.0})
-        return out
-
-    line = study_curves.catch_up(points(es_last=0.6, rl_first=0.7), 512, 2048)
-    assert line.startswith("Does ES catch up with 4x the budget? ES (low-rank) at 2048 responses 0.615 ± 0.013, "
-                           "420 CPU s per run against GRPO at 512 responses 0.715 ± 0.013, 110 CPU s per run: "
-                           "no: RL at 512 still ahead (p = 0.029).")
+    line = study_curves.catch_up(catch_up_points(es_last=0.6, rl_first=0.7), 512, 2048)
+    assert line.startswith("Does ES catch up with 4x the budget? ES (low-rank) at 2048 responses 0.615 ± 0.013 "
+                           "against GRPO at 512 responses 0.715 ± 0.013: no: RL at 512 still ahead (p = 0.029).")
+    assert ("CPU s per run (runs) per machine: ES (low-rank) to 2048 420 (4) on an unrecorded machine; GRPO to 512 "
+            "110 (4) on an unrecorded machine.") in line
     assert "ES (low-rank) +0.100, ES (full-rank) +0.050, GRPO +0.200, PPO +0.000." in line
-    assert "yes: ES ahead (p = 0.029)" in study_curves.catch_up(points(es_last=0.8, rl_first=0.7), 512, 2048)
-    level = points(es_last=0.705, rl_first=0.7)  # the seeds overlap: neither side ahead beyond their spread
+    assert "yes: ES ahead (p = 0.029)" in study_curves.catch_up(catch_up_points(es_last=0.8, rl_first=0.7), 512, 2048)
+    level = catch_up_points(es_last=0.705, rl_first=0.7)  # the seeds overlap: neither side ahead beyond their spread
     assert ": not shown: ES - RL = +0.005, within seed noise (p = 0.686)." in study_curves.catch_up(level, 512, 2048)
     assert study_curves.catch_up([p for p in level if p["method"].startswith("es")], 512, 2048) is None  # no RL
     assert study_curves.catch_up(level, 512, 512) is None
+
+
+def test_catching_up_must_hold_on_each_machines_points_alone():
+    """Round two's case: ES's seed 3 continued on another CPU. A machine that holds one side's points
+    only cannot test anything and is left out; the verdict must hold on every machine that holds both.
+    And the CPU seconds are given per machine, never averaged over both."""
+    zen4, xeon = ({"cpu": cpu, "cpu_bf16_units": units, "threads": 2}
+                  for cpu, units in (("AMD EPYC", "avx512_bf16"), ("Intel Xeon", "amx")))
+    points = catch_up_points(es_last=0.6, rl_first=0.7)
+    for p in points:
+        p["machines"] = [xeon if p["seed"] == 3 and p["budget"] == 2048 else zen4]
+        p["validation"]["cpu_seconds"] *= 2 if p["machines"] == [xeon] else 1
+    line = study_curves.catch_up(points, 512, 2048)
+    assert (": no: on each machine's points alone (on CPU AMD EPYC (bf16 units: avx512_bf16), 3 ES against 4 RL "
+            "points: no, RL at 512 still ahead (p = 0.029))") in line
+    assert "Left out (one side only, or no single machine): CPU Intel Xeon (bf16 units: amx): 1 ES and 0 RL points" in line
+    assert ("ES (low-rank) to 2048 420 (3) on CPU AMD EPYC (bf16 units: avx512_bf16), 820 (1) on CPU Intel Xeon "
+            "(bf16 units: amx)") in line
+    # seed 3 of both sides on the other CPU: pooled, RL is ahead at p = 0.029; 3 seeds a side on one CPU and
+    # 1 on the other cannot show it, so: not shown
+    for p in points:
+        if p["seed"] == 3:
+            p["machines"] = [xeon]
+    line = study_curves.catch_up(points, 512, 2048)
+    assert ": not shown: the verdict must hold on each machine's points alone (p = 0.100, p = 1.000)" in line
+    assert "on CPU Intel Xeon (bf16 units: amx), 1 ES against 1 RL points: not shown" in line
+    assert "pooled over machines, RL at 512 still ahead (p = 0.029)" in line
 
 
 def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):

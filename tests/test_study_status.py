@@ -42,8 +42,9 @@ def test_counts_and_time_left_come_from_the_finished_runs(cfg, tmp_path):
                                     "(budgets 512, 1024, 2048), after the grid")
     assert "next or running: PPO beta=0_lr=1e-05 seed=0\n" in text  # not started: no progress
     # grid: PPO has no finished run, so nothing of it is counted; curves: GRPO's 8 points left, each
-    # 30 s of measuring plus 60 s of training per 512 responses (512 -> 1024: x1, 1024 -> 2048: x2)
-    curve_s = 2 * (60 + 30) + 3 * (60 + 30) + 3 * (120 + 30)
+    # 30 s of measuring plus 60 s of training per 512 responses (512 -> 1024: x1, 1024 -> 2048: x2);
+    # a point at 512 is the grid run itself: nothing to do
+    curve_s = 3 * (60 + 30) + 3 * (120 + 30)
     assert f"grid 0 min, curves {curve_s / 60:.0f} min" in text
     assert "without PPO (no finished run to estimate from)" in text
     assert "GRPO: runs done 3, per run (median) 1.0 min training + 0.5 min start-up and measuring" in text

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import llm_envs
@@ -68,9 +68,16 @@ class StudyConfig(EngineOptions):
     val_size: int | None = field(default=None, metadata={"help": "validation examples carved from train (default: 10%, "
                                                                  f"at least {MIN_VALIDATION}, when train is large enough)"})
     curve_budgets: str | None = field(default=None, metadata={
-        "help": "learning curves: continue each method's selected setting, on every seed, to these budgets of "
-                "training responses (comma-separated multiples of --max-samples, e.g. 1024,2048), measuring "
-                "validation and test at --max-samples and at each"})
+        "help": "learning curves: continue each method's selected setting's grid runs, on every seed, to these "
+                "budgets of training responses (comma-separated multiples of --max-samples, e.g. 1024,2048), "
+                "measuring validation and test at each; the grid's runs keep what continuing needs until then"})
+    extend_grids: int = field(default=0, metadata={
+        "help": "rounds each method's step-size grid may be extended: where its selected setting sits at the "
+                "grid's edge, one more step beyond that edge (by the edge's own factor) runs on every seed and the "
+                "setting is selected again (0: never)"})
+    rule_commit: str | None = field(default=None, metadata={
+        "help": "the git commit that holds the study's pre-registered rule (benchmarks/study/verdicts.py), "
+                "recorded in study.json and every run's record; it must be in this checkout's history"})
     min_val_prompts: int = field(default=20, metadata={"help": "refuse a validation split (the env's or carved) "
                                                                "with fewer distinct prompts than this: settings "
                                                                "selected on a handful of questions are noise"})
@@ -123,6 +130,7 @@ class StudyConfig(EngineOptions):
         check(self.kl_samples is None or self.kl_samples >= 0, "kl_samples", "must be >= 0")
         check(self.eval_limit is None or self.eval_limit >= 1, "eval_limit", "must be >= 1")
         check(self.min_val_prompts >= 1, "min_val_prompts", "must be >= 1")
+        check(self.extend_grids >= 0, "extend_grids", "must be >= 0")
         if self.curve_budgets:
             check(all(b > 0 and b == int(b) for b in self.grid("curve_budgets")), "curve_budgets",
                   "must be whole numbers of responses")
@@ -173,4 +181,12 @@ def identity(cfg: StudyConfig) -> dict[str, Any]:
     # what the checks accept, and the curves that extend a finished grid, are not what the grid's runs are
     checks = ("unequal_budgets", "min_val_prompts", "curve_budgets")
     return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION)}
+
+
+def changed_options(previous: dict[str, Any], own: dict[str, Any]) -> list[str]:
+    """The options whose values differ between a study's saved identity and this invocation's; an
+    option added after the study started (absent from ``previous``) counts only when set off its default."""
+    defaults = {f.name: f.default for f in fields(StudyConfig)}
+    return sorted(k for k in previous.keys() | own.keys() if previous.get(k) != own.get(k)
+                  and not (k not in previous and own.get(k) == defaults.get(k)))
 

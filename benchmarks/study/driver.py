@@ -55,16 +55,18 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from benchmarks.study.config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, identity,
-                                     settle_study_runtime)
+from benchmarks.study.config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, changed_options,
+                                     identity, settle_study_runtime)
 from benchmarks.study.curves import budgets as curve_budgets
 from benchmarks.study.curves import check_curve_budgets
 from benchmarks.study.curves import train_curves
-from benchmarks.study.plan import (check_budgets, evaluations, per_step, plan, prompts_per_step, split_plan,
-                                   trainer_argv, trainer_of, validation_plan)
-from benchmarks.study.record import COMPLETIONS, brief, check_device, commit, keep_completions, select
+from benchmarks.study.errors import TEST_PROMPTS, prompt_groups, write_test_prompts
+from benchmarks.study.plan import (Run, check_budgets, evaluations, extension, per_step, plan, prompts_per_step,
+                                   split_plan, trainer_argv, trainer_of, validation_plan)
+from benchmarks.study.record import COMPLETIONS, brief, check_device, commit, keep_completions, pinned_rule, select
 from benchmarks.study.report import ORIGINAL, run_hacked, write_report
-from benchmarks.study.run import finish_run, measure
+from benchmarks.study.run import finish_run, measure, release
+from trainers.common.rollout import eval_examples
 from trainers.common import distributed
 from trainers.common.config import ConfigError, make_env, parse_config, run_main
 from trainers.common.files import atomic_write
@@ -80,6 +82,8 @@ def study(cfg: StudyConfig) -> Path:
                           f"started there joins all {dist.world} processes of this launch; use --engine native or "
                           f"hf with several processes, or run the study on one process")
     check_curve_budgets(cfg)
+    if cfg.rule_commit:  # the pre-registered rule, by its full commit id (an abbreviation resumes the same study)
+        cfg.rule_commit = dist.from_main(pinned_rule(cfg.rule_commit) if dist.is_main else None)
     env = make_env(cfg.env, cfg.env_args, splits=("train",))  # bad options end here, before OUT exists
     try:
         env.examples(cfg.eval_split)
@@ -95,6 +99,7 @@ def study(cfg: StudyConfig) -> Path:
                               f"{'iteration' if method.startswith('es_') else 'step'} ({need} responses: "
                               f"{prompts} prompts x {need // prompts}); raise it or shrink the population/group")
     check_budgets(cfg, prompts)
+    groups = prompt_groups(eval_examples(env, cfg.eval_split, cfg.eval_limit))  # the test set's distinct prompts
     env.close()
     out = Path(dist.from_main(cfg.out or f"runs/study-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"))
     saved = out / "study.json"
@@ -104,14 +109,15 @@ def study(cfg: StudyConfig) -> Path:
     settle_study_runtime(cfg, previous, dist)  # dtype and engine: process 0 decides, every process gets it
     own = identity(cfg)
     if previous is not None:
-        if previous != own:
-            changed = sorted(k for k in previous.keys() | own.keys() if previous.get(k) != own.get(k))
+        changed = changed_options(previous, own)
+        if changed:
             raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
                               f"use another --out, or the same options to resume it")
         check_device(cfg, out)
     out.mkdir(parents=True, exist_ok=True)
     if dist.is_main:
         atomic_write(saved, json.dumps(own, indent=1) + "\n")
+        write_test_prompts(out, groups, cfg.eval_split, cfg.eval_limit)
     runs = plan(cfg, out)
     argvs = [trainer_argv(cfg, run, prompts, validation) for run in runs]
     checked = set()
@@ -128,21 +134,39 @@ def study(cfg: StudyConfig) -> Path:
         bar.set_postfix_str(f"base model: eval {name}")
         if dist.is_main:
             where = out / "evals" / "base" / name
-            summary = measure(cfg, cfg.model, ORIGINAL, where, options, cache)
+            summary = measure(cfg, cfg.model, ORIGINAL, where, options, cache, groups)
             base[name] = brief(summary)
             keep_completions(where / COMPLETIONS, {name: summary})
             if cfg.commit:
-                commit([out / "study.json", where / "summary.json", where / COMPLETIONS],
+                commit([out / "study.json", out / TEST_PROMPTS, where / "summary.json", where / COMPLETIONS],
                        f"study {out.name}: the base model's {name} evaluation")
         bar.update(1)
     dist.wait_for_main()
+
+    def finish(batch: list[Run]) -> list[dict]:
+        done = []
+        for run in batch:
+            dist.phase = f"the study's run {run.label} {run.setting} seed={run.seed}"
+            record = finish_run(cfg, run, trainer_argv(cfg, run, prompts, validation), bar, cache, splits, groups)
+            if record is not None:
+                record["hacked"] = run_hacked(record, base.get("kl"))
+                done.append(record)
+        return done
+
     records = []
-    for run, argv in zip(runs, argvs):
-        dist.phase = f"the study's run {run.label} {run.setting} seed={run.seed}"
-        record = finish_run(cfg, run, argv, bar, cache, splits)
-        if record is not None:
-            record["hacked"] = run_hacked(record, base.get("kl"))
-            records.append(record)
+    for method in cfg.method_list:  # method by method: select, extend the grid, release the rest
+        mine = [run for run in runs if run.method == method]
+        records += finish(mine)
+        while True:  # every process takes process 0's decision
+            selected = dist.from_main(select(cfg, records, [method])[method]["setting"] if dist.is_main else None)
+            more = extension(cfg, out, method, dist.from_main(records if dist.is_main else None), selected)
+            if not more:
+                break
+            bar.total += len(more) * (1 + len(evaluations(cfg)))
+            mine += more
+            records += finish(more)
+        if curve_budgets(cfg) and dist.is_main:
+            release(cfg, mine, selected)
     bar.close()
     if dist.is_main:
         chosen = select(cfg, records)
@@ -151,7 +175,7 @@ def study(cfg: StudyConfig) -> Path:
             commit([p for p in out.iterdir() if p.is_file()], f"study {out.name}: the report of {len(records)} runs")
     if curve_budgets(cfg):  # every process trains the curves' runs too, process 0 measures them
         records, chosen = dist.from_main((records, chosen) if dist.is_main else None)
-        train_curves(cfg, out, records, chosen, base, prompts, validation, cache)
+        train_curves(cfg, out, records, chosen, base, prompts, validation, cache, groups)
         if cfg.commit and dist.is_main:
             commit([out / name for name in ("learning_curve.md", "learning_curve.png", "curves.json")],
                    f"study {out.name}: learning curves to {curve_budgets(cfg)[-1]} responses")

@@ -25,6 +25,7 @@ from typing import Any
 
 from benchmarks.study.config import StudyConfig
 from benchmarks.study.curves import write_curves
+from benchmarks.study.errors import prompt_groups, read_test_prompts, rows_se, write_test_prompts
 from benchmarks.study.record import COMPLETIONS, read_completions, select
 from benchmarks.study.report import run_hacked, write_report
 from eval.table import Table, render
@@ -68,6 +69,15 @@ def curve_points(study: Path) -> list[dict[str, Any]]:
     return json.loads(file.read_text())["points"] if file.is_file() else []
 
 
+def point_completions(study: Path, point: dict[str, Any]) -> Path:
+    """The completions of a learning curve's point: its grid run's, for a first point that is the grid
+    run itself."""
+    if point.get("grid_run"):
+        return run_dir(study, point) / COMPLETIONS
+    return study / "curves" / point["method"] / point["setting"] / f"seed={point['seed']}" / \
+        f"completions-{point['budget']}.jsonl.gz"
+
+
 def measurements(study: Path, results: dict[str, Any], points: list[dict[str, Any]] | None = None
                  ) -> list[tuple[str, dict[str, Any] | None, Path]]:
     """(model label, its record or None for the base model, its completions file), every one present:
@@ -75,8 +85,7 @@ def measurements(study: Path, results: dict[str, Any], points: list[dict[str, An
     found = [(f"Original ({name})", None, study / "evals" / "base" / name / COMPLETIONS) for name in results["base"]]
     found += [(f"{r['label']} {r['setting']} seed={r['seed']}", r, run_dir(study, r) / COMPLETIONS)
               for r in results["runs"]]
-    found += [(f"{p['label']} {p['setting']} seed={p['seed']} at {p['budget']} (curve)", p,
-               study / "curves" / p["method"] / p["setting"] / f"seed={p['seed']}" / f"completions-{p['budget']}.jsonl.gz")
+    found += [(f"{p['label']} {p['setting']} seed={p['seed']} at {p['budget']} (curve)", p, point_completions(study, p))
               for p in (curve_points(study) if points is None else points)]
     missing = [str(path) for _, _, path in found if not path.is_file()]
     if missing:
@@ -113,15 +122,18 @@ def count_table(study: Path) -> Table:
     return table
 
 
-def rescored(summary: dict[str, Any], rows: list[dict[str, Any]], scores) -> dict[str, Any]:
-    """``summary`` with its score numbers computed again from ``rows`` scored as ``scores``."""
+def rescored(summary: dict[str, Any], rows: list[dict[str, Any]], scores,
+             groups: dict[str, str] | None = None) -> dict[str, Any]:
+    """``summary`` with its score numbers computed again from ``rows`` scored as ``scores`` (and its
+    standard error over the distinct prompts ``groups`` names, where given)."""
     from eval.harness import summarize_split
 
     fresh = [dict(r, reward=s.reward, correct=bool(s.correct), parts=s.parts, error=s.error)
              for r, s in zip(rows, scores)]
     numbers = summarize_split(fresh, {"tokens": 0, "seconds": 0.0}, SimpleNamespace(samples=summary["samples"]),
                               None)
-    return {**summary, **{k: numbers[k] for k in SCORE_KEYS}}
+    se = {"reward_se": rows_se(fresh, groups)} if groups is not None else {}
+    return {**summary, **{k: numbers[k] for k in SCORE_KEYS}, **se}
 
 
 def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
@@ -135,6 +147,7 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
     cfg.validate()
     env = make_env(cfg.env, env_kwargs(cfg.env_args))
     examples = {e.id: e for e in eval_examples(env, cfg.eval_split, cfg.eval_limit)}
+    groups = read_test_prompts(study) or prompt_groups(examples.values())
     scorer = llm_envs.BatchScorer(env, workers)
     base = {k: dict(v) for k, v in results["base"].items()}
     records = [dict(r) for r in results["runs"]]  # rescored in these copies
@@ -148,7 +161,7 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
                     raise ConfigError(f"{path}: response to {unknown[0]!r}, which the env's {cfg.eval_split!r} split "
                                       f"does not hold now (did the env's data change?)")
                 scores = scorer.score_batch([r["completion"] for r in rows], [examples[r["id"]] for r in rows])
-                target[name] = rescored(target[name], rows, scores)
+                target[name] = rescored(target[name], rows, scores, groups)
     finally:
         scorer.close()
         env.close()
@@ -157,6 +170,7 @@ def rescore(study: Path, out: Path, workers: int | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     write_report(cfg, out, records, base, select(cfg, records), results["selected_on"],
                  results["wall_seconds_last_invocation"], results.get("splits"))
+    write_test_prompts(out, groups, cfg.eval_split, cfg.eval_limit)
     if points:
         write_curves(cfg, out, points, base, records)
     return out

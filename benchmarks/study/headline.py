@@ -28,8 +28,9 @@ import re
 from pathlib import Path
 
 from benchmarks.study.report import numerics, pm
-from benchmarks.study.verdicts import CLAIMS, SIGNIFICANT, Study, best, claim_budget, claim_hacking, judge
-from trainers.common.config import Parser, fail
+from benchmarks.study.verdicts import (CLAIMS, QUESTION, SIGNIFICANT, Finding, Study, best, claim_budget,
+                                       claim_hacking, claim_near_zero, judge, near_zero, per_machine)
+from trainers.common.config import ConfigError, Parser, fail
 
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 DETAILS_START, DETAILS_END = "<!-- headline-details:start -->", "<!-- headline-details:end -->"
@@ -92,26 +93,33 @@ def legend(studies: list[Study], page_dir: Path) -> str:
                       f"{s.results['config']['max_samples']}" for s in studies)
     return ("Test split, greedy decoding, mean ± sample std (ddof=1) over seeds, each method at the setting selected "
             "without the test split; * = beats the base model's reward by more than twice its seed std and twice the "
-            f"test set's standard error. Seeds x training responses per run: {sizes}.")
+            f"test set's standard error over distinct prompts. Seeds x training responses per run: {sizes}.")
 
 
-def gist(rule, study: Study, verdict: str, numbers: str) -> str:
+def gist(rule, study: Study, found: Finding) -> str:
     """A study's verdict on one claim and the number it rests on: the hacked runs for claim 4, else
     the permutation test's p (claim 1: of the pair it names; claims 2 and 3: how many pairs pass it,
-    and the range of p)."""
+    and the range of p); and, where a gate changed the verdict, what it would be without it."""
+    verdict, numbers = found
+    ungated = ""
+    if found.ungated and found.ungated != verdict:  # what the gate hid, in the same few words
+        ps = P_VALUE.findall(found.ungated_numbers)
+        low = sum(float(p) < SIGNIFICANT for p in ps)
+        ungated = f" (without its gate: {found.ungated}" + (f", p < {SIGNIFICANT:g} in {low} of {len(ps)}"
+                                                             if len(ps) > 1 else f", p = {ps[0]}" if ps else "") + ")"
     if rule is claim_hacking:
         hacked = sum(m.get("hacked_runs", 0) for m in study.methods.values())
         runs = sum(m.get("runs", 0) for m in study.methods.values())
-        return f"{verdict}, {hacked} of {runs} runs hacked"
+        return f"{verdict}, {hacked} of {runs} runs hacked{ungated}"
     ps = P_VALUE.findall(numbers)
     if verdict == "untested" or not ps:
-        return verdict
+        return verdict + ungated
     if rule is claim_budget:
         es, rl = (study.methods[best(study, side)]["label"] for side in (True, False))
-        return f"{verdict}, {es} against {rl}, p = {ps[0]}"
+        return f"{verdict}, {es} against {rl}, p = {ps[0]}{ungated}"
     significant = sum(float(p) < SIGNIFICANT for p in ps)
     low, high = min(ps, key=float), max(ps, key=float)
-    return f"{verdict}, p < {SIGNIFICANT:g} in {significant} of {len(ps)} pairs (p = {low}-{high})"
+    return f"{verdict}, p < {SIGNIFICANT:g} in {significant} of {len(ps)} pairs (p = {low}-{high}){ungated}"
 
 
 def claim_heading(index: int, text: str) -> str:
@@ -124,8 +132,20 @@ def claim_lines(studies: list[Study], details: str | None) -> list[str]:
     out = []
     for i, ((text, verdict, found), (_, rule)) in enumerate(zip(judge(studies), CLAIMS), 1):
         where = f" ([every number]({details}#{anchor(claim_heading(i, text))}))" if details else ""
-        per_study = "; ".join(f"{s.env}: {gist(rule, s, v, numbers)}" for s, v, numbers in found)
+        per_study = "; ".join(f"{s.env}: {gist(rule, s, f)}" for s, f in found)
         out.append(f"{i}. **{text.split(' (')[0]}: {verdict}.** {per_study}{where}.")
+    return out
+
+
+def question_lines(studies: list[Study]) -> list[str]:
+    """Round three's pre-registered question (``verdicts.QUESTION``), for the studies whose base model
+    is near zero: each one's verdict, the numbers it rests on and the commit that holds the rule."""
+    out = []
+    for s in (s for s in studies if near_zero(s)):
+        found = per_machine(claim_near_zero)(s)
+        commit = s.results["config"].get("rule_commit")
+        rule = f" (rule pre-registered in commit {commit[:12]})" if commit else " (no pre-registered rule commit recorded)"
+        out.append(f"- **{QUESTION} {found.verdict}.** {s.env}: {found.numbers}{rule}.")
     return out
 
 
@@ -151,6 +171,8 @@ def headline(studies: list[Study], details: str | None = None, page_dir: Path = 
     parts = [table(studies), "", legend(studies, page_dir), "",
              "**The paper's four claims** (rules: `benchmarks/study/verdicts.py`; p from an exact permutation test "
              f"over seeds, significant below {SIGNIFICANT:g}):", "", *claim_lines(studies, details)]
+    questions = question_lines(studies)
+    parts += ["", *questions] if questions else []
     curves = [curve_line(s, c, page_dir) for s in studies if (c := _curves(s))]
     return "\n".join(parts + ([""] + curves if curves else [])) + "\n"
 
@@ -177,9 +199,12 @@ def beats_base(studies: list[Study]) -> list[str]:
     out = []
     for s in studies:
         moved = [s.methods[k]["label"] for k in s.methods if s.moved(k)]
+        learned = [s.methods[k]["label"] for k in s.methods if s.learned(k) and not s.moved(k)]
         out.append(f"- {s.env}: " + (", ".join(moved) if moved else "none") + " beat the base model's test reward "
                    f"({s.base_reward:.{_digits(s)}f}) by more than twice their seed std and twice the test set's "
-                   f"standard error ({max(s.test_se(k) for k in s.methods):.{_digits(s)}f} at most).")
+                   f"standard error over distinct prompts ({max(s.test_se(k) for k in s.methods):.{_digits(s)}f} "
+                   f"at most)" + (f"; {', '.join(learned)} beat twice the standard error only (learned)"
+                                  if learned else "") + ".")
     return out
 
 
@@ -203,7 +228,13 @@ def details(studies: list[Study], page_dir: Path) -> str:
         rule = text.split(" (", 1)[1].rstrip(")") if " (" in text else ""
         parts += [f"### {claim_heading(i, text)}", "",
                   f"Rule: {rule} (`benchmarks/study/verdicts.py`). **Over the studies: {verdict}.**", "",
-                  *(f"- {s.env}: {v}. {numbers}." for s, v, numbers in found), ""]
+                  *(line for s, f in found for line in (f"- {s.env}: {f.verdict}. {f.numbers}.",
+                                                        *([f"  - Gate, said plainly: {f.gate}."] if f.gate else []))),
+                  ""]
+    questions = question_lines(studies)
+    if questions:
+        parts += [f"### {QUESTION}", "", "Rule: `claim_near_zero` in `benchmarks/study/verdicts.py` "
+                  "(docs/study/round-three.md).", "", *questions, ""]
     for s in studies:
         if (curves := _curves(s)):
             parts += [*curve_details(s, curves, page_dir), ""]
@@ -234,15 +265,26 @@ def main(argv: list[str] | None = None) -> str:
                         help="rewrite this page's headline-details block with every number behind the block; "
                              "the block's claim lines link to it")
     args = parser.parse_args(argv)
+    try:
+        return rewrite(args)
+    except ConfigError as exc:  # a study without errors over distinct prompts, say
+        fail(str(exc))
+
+
+def rewrite(args) -> str:
+    """``main``'s work: the block printed, and the README's and the page's blocks rewritten (both
+    computed and checked before either is written)."""
     studies = [load(Path(p)) for p in args.studies]
     readme_dir = Path(args.readme).parent if args.readme else Path(".")
     page = Path(args.details) if args.details else None
-    if args.readme:  # both pages checked before either is written
+    if args.readme:
         marked(Path(args.readme))
     if page is not None:
         marked(page, DETAILS_START, DETAILS_END)
-        write_block(page, details(studies, page.parent), DETAILS_START, DETAILS_END)
+    text = details(studies, page.parent) if page is not None else None
     block = headline(studies, link(page, readme_dir) if page is not None else None, readme_dir)
+    if page is not None:
+        write_block(page, text, DETAILS_START, DETAILS_END)
     if args.readme:
         write_block(Path(args.readme), block)
     print(block, end="")

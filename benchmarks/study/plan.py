@@ -21,25 +21,65 @@ class Run:
     hparams: dict[str, float]
     seed: int
     path: Path
+    #: For a setting added beyond the grid's edge (``--extend-grids``): its round, the edge ("top" or
+    #: "bottom") and the setting selected before it; None for the grid's own settings.
+    extension: dict[str, Any] | None = None
 
     @property
     def label(self) -> str:
         return LABELS[self.method]
 
 
+def setting_name(method: str, hparams: dict[str, float], alpha_in_name: bool = True) -> str:
+    """A setting's name from its hyperparameters: ES "sigma=S" (or "sigma=S_alpha=A" where the grid
+    varies alpha), RL "beta=B_lr=L"."""
+    if method.startswith("es_"):
+        return f"sigma={hparams['sigma']:g}" + (f"_alpha={hparams['alpha']:g}" if alpha_in_name else "")
+    return f"beta={hparams['beta']:g}_lr={hparams['lr']:g}"
+
+
 def settings(cfg: StudyConfig, method: str) -> list[tuple[str, dict[str, float]]]:
     """The grid points of ``method``: (name, hyperparameters)."""
     if method.startswith("es_"):
         ratios = cfg.grid("alpha_ratios")
-        if len(ratios) == 1:
-            return [(f"sigma={s:g}", {"sigma": s, "alpha": ratios[0] * s}) for s in cfg.grid("sigmas")]
-        return [(f"sigma={s:g}_alpha={r * s:g}", {"sigma": s, "alpha": r * s}) for s in cfg.grid("sigmas") for r in ratios]
-    return [(f"beta={b:g}_lr={lr:g}", {"beta": b, "lr": lr}) for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
+        points = [{"sigma": s, "alpha": r * s} for s in cfg.grid("sigmas") for r in ratios]
+        return [(setting_name(method, hp, len(ratios) > 1), hp) for hp in points]
+    points = [{"beta": b, "lr": lr} for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
+    return [(setting_name(method, hp), hp) for hp in points]
 
 
 def plan(cfg: StudyConfig, out: Path) -> list[Run]:
+    """Every run of the grid, method by method (each method's settings, each on every seed): a method's
+    setting is selected, its grid extended and its other settings' checkpoints released before the
+    next method starts, so a study with learning curves keeps one method's checkpoints at a time."""
     return [Run(m, name, hp, seed, out / "runs" / m / name / f"seed={seed}")
-            for seed in range(cfg.seeds) for m in cfg.method_list for name, hp in settings(cfg, m)]
+            for m in cfg.method_list for name, hp in settings(cfg, m) for seed in range(cfg.seeds)]
+
+
+STEP = {"es": "alpha", "rl": "lr"}  # the step size of each family: the axis a grid is extended along
+
+
+def extension(cfg: StudyConfig, out: Path, method: str, records: list[dict[str, Any]], selected: str) -> list[Run]:
+    """The runs (every seed) of one step beyond the edge of ``method``'s step-size grid where its
+    ``selected`` setting sits, by the factor between the edge and its neighbour (``--extend-grids``:
+    at most that many rounds per method); none where the selection is inside the grid, the grid has
+    a single step size, or the rounds are used up."""
+    mine = [r for r in records if r["method"] == method]
+    rounds = max((r["extension"]["round"] for r in mine if r.get("extension")), default=0)
+    if rounds >= cfg.extend_grids:
+        return []
+    step = STEP["es" if method.startswith("es_") else "rl"]
+    chosen = next(r["hparams"] for r in mine if r["setting"] == selected)
+    others = {k: v for k, v in chosen.items() if k != step}
+    line = sorted({r["hparams"][step] for r in mine if {k: v for k, v in r["hparams"].items() if k != step} == others})
+    if len(line) < 2 or chosen[step] not in (line[0], line[-1]):
+        return []
+    top = chosen[step] == line[-1]
+    beyond = line[-1] * line[-1] / line[-2] if top else line[0] * line[0] / line[1]
+    hp = {**chosen, step: beyond}
+    name = setting_name(method, hp, not method.startswith("es_") or len(cfg.grid("alpha_ratios")) > 1)
+    info = {"round": rounds + 1, "edge": "top" if top else "bottom", "selected": selected}
+    return [Run(method, name, hp, seed, out / "runs" / method / name / f"seed={seed}", info) for seed in range(cfg.seeds)]
 
 
 def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
@@ -132,10 +172,19 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
         if run.method == "es_sampled":
             argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
-        argv += ["--steps", str(steps), "--checkpoint-every", str(checkpoint_every or max(1, steps // 4)), "--group-size",
+        argv += ["--steps", str(steps), "--checkpoint-every", str(checkpoint_every or quarter(steps)), "--group-size",
                  str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
         argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
     return argv
+
+
+def quarter(steps: int) -> int:
+    """An RL run's checkpoint interval: about a quarter of its steps, dividing them, so its last step
+    is checkpointed (a learning curve continues the run from there)."""
+    every = max(1, steps // 4)
+    while steps % every:
+        every -= 1
+    return every
 
 
 def trainer_of(method: str):

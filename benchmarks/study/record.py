@@ -114,6 +114,7 @@ def run_record(run: Run, splits: dict[str, dict[str, int]] | None = None) -> dic
     """The record of a trained run, before its measurements are added: its setting, its validation
     numbers and curve, what it trained on, and its splits' examples and distinct prompts."""
     return {"method": run.method, "label": run.label, "setting": run.setting, "hparams": run.hparams,
+            **({"extension": run.extension} if run.extension else {}),
             "seed": run.seed, "run": str(run.path), "validation": validation_result(run),
             "runtime": training_runtime(run), "engines": training_engines(run),
             "machines": training_machines(run), "shared_prefix": shared_prefix_of(run),
@@ -172,20 +173,21 @@ def read_completions(path: Path) -> list[dict[str, Any]]:
 
 
 def brief(summary: dict[str, Any]) -> dict[str, Any]:
-    """What the study keeps of a harness summary."""
+    """What the study keeps of a harness summary (``reward_se``: the study's standard error of its mean
+    reward over distinct prompts, ``benchmarks.study.errors``, where measured)."""
     keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
             "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
             "kl_std", "kl_estimator", "errors", "device", "dtype", "engine", "machine", "file")
-    return {k: summary.get(k) for k in keys}
+    return {k: summary.get(k) for k in keys} | ({"reward_se": summary["reward_se"]} if "reward_se" in summary else {})
 
 
 
-def select(cfg: StudyConfig, records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per method, the setting with the best mean validation metric over seeds (ties: the other
-    metric). Test numbers play no part."""
+def select(cfg: StudyConfig, records: list[dict[str, Any]], methods: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    """Per method (``methods``, default the study's), the setting with the best mean validation metric
+    over seeds (ties: the other metric). Test numbers play no part."""
     other = "eval_reward" if cfg.metric == "eval_pass@1" else "eval_pass@1"
     chosen = {}
-    for method in cfg.method_list:
+    for method in methods or cfg.method_list:
         by_setting: dict[str, list[dict[str, Any]]] = {}
         for r in records:
             if r["method"] == method:
@@ -202,6 +204,24 @@ def select(cfg: StudyConfig, records: list[dict[str, Any]]) -> dict[str, dict[st
                           "all": {s: {cfg.metric: v[0], other: v[1]} for s, v in score.items()}}
     return chosen
 
+
+
+def pinned_rule(commit_id: str) -> str:
+    """``--rule-commit``: the full id of the commit that holds a study's pre-registered rule; a commit
+    that is unknown, or not in this checkout's history, or without ``benchmarks/study/verdicts.py``,
+    is a clear error."""
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], capture_output=True, text=True)
+
+    found = git("rev-parse", "--verify", "--quiet", f"{commit_id}^{{commit}}")
+    if found.returncode:
+        raise ConfigError(f"--rule-commit {commit_id}: no such commit in this repository")
+    full = found.stdout.strip()
+    if git("merge-base", "--is-ancestor", full, "HEAD").returncode:
+        raise ConfigError(f"--rule-commit {commit_id}: not in this checkout's history (HEAD must contain the rule)")
+    if git("cat-file", "-e", f"{full}:benchmarks/study/verdicts.py").returncode:
+        raise ConfigError(f"--rule-commit {commit_id}: holds no benchmarks/study/verdicts.py")
+    return full
 
 
 def commit(paths: list[Path], message: str) -> None:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.study.machines import machine_label
+from benchmarks.study.verdicts import Study
 from eval import model_name
 from eval.passk import mean_std
 from eval.plot import plot_pareto, plot_seed_bands
@@ -70,14 +72,6 @@ def shared_prefix_note(records: list[dict[str, Any]]) -> str:
     """Whether the RL runs computed each group's prompt once, when recorded."""
     used = sorted({r["shared_prefix"] for r in records if r.get("shared_prefix")})
     return f"; RL updates with the shared prefix {'/'.join(used)}" if used else ""
-
-
-def machine_label(machine: dict[str, Any]) -> str:
-    """One recorded machine in words, without its thread count: runs that differ only in threads
-    ran on the same machine."""
-    from trainers.common.hardware import describe_line
-
-    return describe_line({k: v for k, v in machine.items() if k != "threads"})
 
 
 def machine_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
@@ -158,19 +152,30 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
             f"{cfg.max_samples}): {budgets}; max_new_tokens {mnt}; test split {cfg.eval_split!r} (n={n}); settings "
             f"selected on the {selected_on!r} split by {cfg.metric}{split_line(splits)}; {numerics(base, records)}")
 
+    # studies measured before the errors over distinct prompts (and not re-rendered since) show none
+    errors = all("reward_se" in s for s in (greedy_base, *(r["greedy"] for r in records)))
     t1 = Table(f"Table 1: {env} ({cfg.eval_split}), greedy pass@1 (%), mean ± sample std over seeds",
                ["Method", "Selected setting", "pass@1 (%)", "Reward", "Training responses", "Seeds", "Settings",
-                "pass@1 spread over settings"], text_columns=2)
+                "pass@1 spread over settings", *(["Test SE (prompts)", "From the base"] if errors else [])],
+               text_columns=2)
     t1.rows.append([ORIGINAL, "–", f"{100 * greedy_base['pass@1']:.1f}", f"{greedy_base['reward_mean']:.3f}",
-                    *["–"] * 4])
+                    *["–"] * 4, *([f"{greedy_base['reward_se']:.3f}", "–"] if errors else [])])
+    judged = Study(out, {"base": base, "methods": methods, "runs": records}) if errors else None
     for method, m in methods.items():
         t1.rows.append([m["label"], m["setting"], pm(m["test_pass@1"]), pm(m["test_reward"], digits=3),
                         responses(m["training_responses"]), str(m["seeds"]), str(len(m["pass@1_by_setting"])),
-                        f"{m['pass@1_spread_over_settings']:.1f}"])
+                        f"{m['pass@1_spread_over_settings']:.1f}",
+                        *([f"{judged.test_se(method):.3f}", movement(judged, method)] if judged else [])])
     run_seconds = sum(r.get("wall_seconds", 0.0) for r in records)
     t1.notes = [head + f"; {run_seconds / 60:.0f} min of training and evaluation in all.",
                 "± = sample std over seeds (ddof=1). Spread = max - min over the method's settings of their mean "
                 "test pass@1: sensitivity to hyperparameters (every setting's numbers are in table2.md and runs.md)."]
+    if errors:
+        t1.notes.append("Test SE: the test set's standard error of a mean reward over distinct prompts (clustered "
+                        "by prompt text, benchmarks.study.errors), the larger of the base model's and the method's. "
+                        "From the base: moved = the mean gain beats twice it and twice the seed std; learned = it "
+                        "beats twice it only; no = neither (benchmarks.study.verdicts).")
+    t1.notes += extension_notes(records, chosen)
     (out / "table1.md").write_text(render([t1]))
 
     # Table 2 groups by the study's settings (for ES, alpha only where a grid of ratios makes it one)
@@ -219,7 +224,30 @@ def write_report(cfg, out: Path, records, base, chosen, selected_on: str, second
     results = {"config": config_record or asdict(cfg), "selected_on": selected_on, "wall_seconds_last_invocation": seconds,
                "wall_seconds_runs": run_seconds, "base": base,
                "selection": chosen, "methods": methods, "runs": records, **({"splits": splits} if splits else {})}
+    if any(r.get("extension") for r in records):
+        results["extensions"] = extension_notes(records, chosen)
     (out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+
+
+def movement(study: Study, method: str) -> str:
+    """"moved", "learned" or "no": how far the method's mean test reward is from the base model's."""
+    return "moved" if study.moved(method) else "learned" if study.learned(method) else "no"
+
+
+def extension_notes(records: list[dict[str, Any]], chosen: dict[str, dict[str, Any]]) -> list[str]:
+    """One line per grid a study extended (``--extend-grids``): the settings added beyond an edge where
+    the selected setting sat, and the setting selected in the end."""
+    added: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in records:
+        if r.get("extension"):
+            added.setdefault(r["method"], {}).setdefault(r["setting"], r["extension"])
+    lines = []
+    for method, settings in added.items():
+        label = next(r["label"] for r in records if r["method"] == method)
+        steps = "; ".join(f"{s} (round {e['round']}: {e['edge']} edge, where {e['selected']} was selected)"
+                          for s, e in sorted(settings.items(), key=lambda kv: kv[1]["round"]))
+        lines.append(f"Grid extended, {label}: {steps}; selected in the end: {chosen[method]['setting']}.")
+    return lines
 
 
 def _hp(hparams: dict[str, float], one_ratio: bool) -> dict[str, float]:

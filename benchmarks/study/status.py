@@ -9,8 +9,10 @@ The estimate uses each method's median over its finished runs (a median, so that
 was paused or shared the CPU does not decide it): its training seconds, and the rest of its wall
 time (start-up, the final model's measurements). A run's training seconds are its iterations
 times their median where its log is on this machine (one paused iteration does not decide them
-either), else its record's sum (a fresh clone has the records only). A curve segment from budget b0 to b trains
-(b - b0) / --max-samples times a grid run's training and is measured once. A method with no
+either), else its record's sum (a fresh clone has the records only). A curve's first point is its
+grid run (nothing left to do); a segment from budget b0 to b trains (b - b0) / --max-samples times a
+grid run's training and is measured once. Runs that extended a grid beyond its edge
+(``--extend-grids``) are counted once they are on disk (which ones run depends on the selection). A method with no
 finished run yet is left out of the estimate, and the output says so. While the grid runs, it
 also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
 mean test pass@1 and reward.
@@ -67,7 +69,10 @@ def status(cfg: StudyConfig, out: Path) -> str:
     if not (out / "study.json").is_file():
         return f"{out}: no study there yet (study.json missing); the study's command starts it"
     runs = plan(cfg, out)
-    finished = [(json.loads((r.path / RECORD).read_text()), r.path) for r in runs if (r.path / RECORD).is_file()]
+    planned = {r.path for r in runs}
+    beyond = [p.parent for p in sorted(out.glob(f"runs/*/*/*/{RECORD}")) if p.parent not in planned]
+    finished = [(json.loads((path / RECORD).read_text()), path)
+                for path in [*(r.path for r in runs), *beyond] if (path / RECORD).is_file()]
     records = [record for record, _ in finished]
     cost = costs(finished)
     done = {(r["method"], r["setting"], r["seed"]) for r in records}
@@ -86,9 +91,10 @@ def status(cfg: StudyConfig, out: Path) -> str:
             if method not in cost:
                 continue
             curve_left += sum(cost[method].train * (b - b0) / cfg.max_samples + cost[method].other
-                              for b0, b in zip([0, *points], points) if b not in measured)
+                              for b0, b in zip(points, points[1:]) if b not in measured)
 
-    lines = [f"study {out}: grid {len(records)} of {len(runs)} runs done"
+    lines = [f"study {out}: grid {len(records) - len(beyond)} of {len(runs)} runs done"
+             + (f" (and {len(beyond)} beyond the grids' edges)" if beyond else "")
              + (f"; learning curves {curve_done} of {len(points) * cfg.seeds * len(cfg.method_list)} points "
                 f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
     if left:
