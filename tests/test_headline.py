@@ -199,7 +199,7 @@ def test_the_block_is_the_table_and_one_line_per_claim_and_the_details_hold_the_
     assert "Toy-v0: held, ES (full-rank) against GRPO, p = 0.029" in claims[0]
     assert claims[0].endswith("([every number](docs/study/round-two.md#claim-1-es-matches-or-beats-rl-at-the-same-budget)).")
     # GRPO did not learn: no pair, no p; what the gate hid, in a few words
-    assert "Toy-v0: untested (without its gate: not shown, p = 0.429) ([every number]" in claims[1]
+    assert "Toy-v0: untested (without its gate: not shown, ES less at p < 0.05 in 0 of 1 pairs, more in 0) ([" in claims[1]
     assert "Toy-v0: untested, 0 of 8 runs hacked (without its gate: held)" in claims[3]  # GRPO did not move
     assert "training cpu bfloat16" not in text and " h** of training" not in text  # the numerics go to the page
     page = headline.details([s], Path("docs/study"))

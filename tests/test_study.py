@@ -555,3 +555,23 @@ def test_the_rule_commit_is_checked_and_recorded(tmp_path, tiny_model_dir, one_t
     with pytest.raises(SystemExit):
         study.main([*argv, "--rule-commit", git("rev-parse", "HEAD")])
     assert "holds a study with other options (rule_commit)" in capsys.readouterr().err
+
+
+def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares(tmp_path):
+    """study_rg_nearzero_r3_cpu.yaml: round two's budget (512 responses, 4 seeds, the five methods, curves
+    to 4x) and step-size grids of 3 points one common factor apart, each method's middle one inside."""
+    from benchmarks.study.curves import budgets
+    from benchmarks.study.verdicts import Study, grids_differ, step_sizes
+    from trainers.common.config import load_yaml
+
+    cfg = study.StudyConfig(**load_yaml(Path("benchmarks/configs/study_rg_nearzero_r3_cpu.yaml")))
+    cfg.validate()
+    assert (cfg.seeds, cfg.max_samples, budgets(cfg)) == (4, 512, [512, 1024, 2048]) and cfg.extend_grids >= 1
+    assert set(cfg.method_list) == set(study.DEFAULT_METHODS)
+    runs = [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed}
+            for r in study_plan.plan(cfg, tmp_path)]
+    grids = Study(tmp_path, {"runs": runs, "methods": {}})
+    middle = {m: step_sizes(grids, m)[1][step_sizes(grids, m)[0][1]] for m in cfg.method_list}
+    grids.results["methods"] = {m: {"label": m, "setting": s} for m, s in middle.items()}
+    assert all(len(step_sizes(grids, m)[0]) == 3 for m in cfg.method_list)
+    assert grids_differ(grids) is None

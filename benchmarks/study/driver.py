@@ -28,8 +28,10 @@ method and setting), ``runs.md`` (every run: validation, test, KL, reward-hackin
 ``curves.png`` (training reward against samples, mean and band over seeds) and ``results.json``
 (every number). Runs live in OUT/runs/METHOD/SETTING/seed=S (each keeps ``study_record.json`` and
 its evaluated completions, ``completions.jsonl.gz``: ``benchmarks.study.evidence`` counts and rescores
-them), evaluations in OUT/evals. ``--curve-budgets`` then continues each method's selected setting
-to larger budgets (``benchmarks.study.curves``). A killed study resumes where it stopped when run
+them), evaluations in OUT/evals (with ``test_prompts.json``: the test items' prompt digests, for the
+errors over distinct prompts, ``benchmarks.study.errors``). ``--curve-budgets`` then continues each
+method's selected grid runs to larger budgets (``benchmarks.study.curves``). ``--rule-commit``
+records the commit of a pre-registered rule in study.json and every record. A killed study resumes where it stopped when run
 again with the same arguments: finished runs and evaluations are not redone, an unfinished run
 resumes from its last checkpoint.
 
@@ -154,19 +156,21 @@ def study(cfg: StudyConfig) -> Path:
         return done
 
     records = []
-    for method in cfg.method_list:  # method by method: select, extend the grid, release the rest
+    for method in cfg.method_list:  # method by method, setting by setting (each on every seed)
         mine = [run for run in runs if run.method == method]
-        records += finish(mine)
-        while True:  # every process takes process 0's decision
+        batches = [[run for run in mine if run.setting == s] for s in dict.fromkeys(run.setting for run in mine)]
+        finished: list[Run] = []
+        while batches:
+            finished += batches[0]
+            records += finish(batches.pop(0))
             selected = dist.from_main(select(cfg, records, [method])[method]["setting"] if dist.is_main else None)
-            more = extension(cfg, out, method, dist.from_main(records if dist.is_main else None), selected)
-            if not more:
-                break
-            bar.total += len(more) * (1 + len(evaluations(cfg)))
-            mine += more
-            records += finish(more)
-        if curve_budgets(cfg) and dist.is_main:
-            release(cfg, mine, selected)
+            if curve_budgets(cfg) and dist.is_main:  # among the settings selected from (a resumed study's later
+                release(cfg, finished, selected)     # ones keep theirs): one not selected now never will be
+            if not batches:  # the grid is done: one step beyond its edge where the selection sits there
+                more = extension(cfg, out, method, dist.from_main(records if dist.is_main else None), selected)
+                bar.total += len(more) * (1 + len(evaluations(cfg)))
+                mine += more
+                batches += [more] if more else []
     bar.close()
     if dist.is_main:
         chosen = select(cfg, records)

@@ -35,6 +35,7 @@ from trainers.common.config import ConfigError, Parser, fail
 START, END = "<!-- headline:start -->", "<!-- headline:end -->"
 DETAILS_START, DETAILS_END = "<!-- headline-details:start -->", "<!-- headline-details:end -->"
 P_VALUE = re.compile(r"\(p = ([0-9.]+)\)")
+SPLIT = re.compile(r"ES significantly less in (\d+) of (\d+) pairs, more in (\d+)")
 CATCH_UP = re.compile(r"^(.*?\?) .*?: ((?:yes|no|not shown)\b.*?\(p = [0-9.]+\))")
 
 
@@ -104,9 +105,13 @@ def gist(rule, study: Study, found: Finding) -> str:
     ungated = ""
     if found.ungated and found.ungated != verdict:  # what the gate hid, in the same few words
         ps = P_VALUE.findall(found.ungated_numbers)
+        split = SPLIT.search(found.ungated_numbers)
         low = sum(float(p) < SIGNIFICANT for p in ps)
-        ungated = f" (without its gate: {found.ungated}" + (f", p < {SIGNIFICANT:g} in {low} of {len(ps)}"
-                                                             if len(ps) > 1 else f", p = {ps[0]}" if ps else "") + ")"
+        if split:
+            said = f", ES less at p < {SIGNIFICANT:g} in {split[1]} of {split[2]} pairs, more in {split[3]}"
+        else:
+            said = f", p < {SIGNIFICANT:g} in {low} of {len(ps)} pairs" if len(ps) > 1 else f", p = {ps[0]}" if ps else ""
+        ungated = f" (without its gate: {found.ungated}{said})"
     if rule is claim_hacking:
         hacked = sum(m.get("hacked_runs", 0) for m in study.methods.values())
         runs = sum(m.get("runs", 0) for m in study.methods.values())

@@ -64,9 +64,9 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
 def keep_for_curves(cfg: StudyConfig, run: Run) -> None:
     """What a measured grid run keeps on disk: nothing more than its logs, unless learning curves may
     continue it (``--curve-budgets``): then ES keeps its update log (its whole training result: the
-    weights are replayed from it) and RL its newest checkpoint (weights, optimizer, RNG; a few GB for
-    PPO and its critic), until its method's setting is selected (``release``). ``--keep-weights``
-    keeps everything."""
+    weights are replayed from it) and RL its newest checkpoint (weights, fp32 masters and optimizer:
+    ~1.6 GB for the default model, ~3.2 GB for PPO and its critic) while its setting may still be
+    selected (``release``). ``--keep-weights`` keeps everything."""
     if cfg.keep_weights:
         return
     shutil.rmtree(run.path / "final", ignore_errors=True)
@@ -77,8 +77,10 @@ def keep_for_curves(cfg: StudyConfig, run: Run) -> None:
 
 
 def release(cfg: StudyConfig, runs: list[Run], selected: str) -> None:
-    """Once a method's setting is selected: the checkpoints of its other settings' runs, which no curve
-    continues, are deleted (unless ``--keep-weights``)."""
+    """Whenever a method's setting is selected (after each setting's seeds, and again after a grid
+    extension): the checkpoints of its other settings' runs are deleted (unless ``--keep-weights``).
+    No curve continues them: the selection is the best mean so far, so a setting that loses now
+    never wins later. A study with learning curves then holds two settings' RL checkpoints at most."""
     if cfg.keep_weights:
         return
     for run in runs:
