@@ -92,6 +92,24 @@ def test_a_curve_whose_grid_run_kept_nothing_retrains_it_and_says_so(tmp_path, t
     assert "The verdicts read the grid's runs at this budget." in text
 
 
+def test_a_hand_over_cut_short_is_finished_and_a_grid_run_without_its_state_is_not_handed_over(tmp_path):
+    import shutil
+
+    grid, curve = tmp_path / "grid", tmp_path / "curve"
+    (grid / "checkpoints" / "000002").mkdir(parents=True)
+    for name in ("trainer_state.json", "trainer.pt"):
+        (grid / "checkpoints" / "000002" / name).write_text("{}")
+    (grid / "config.yaml").write_text("steps: 2\n")
+    (grid / "log.jsonl").write_text(json.dumps({"iteration": 2, "reward_mean": 0.5, "samples": 16}) + "\n")
+    assert study_curves.continuable(grid, "grpo") and not study_curves.continuable(grid, "es_full")  # no update log
+    curve.mkdir()
+    shutil.move(str(grid / "checkpoints"), str(curve / "checkpoints"))  # killed right after moving the checkpoint
+    assert not study_curves.continuable(grid, "grpo")
+    assert study_curves.hand_over(grid, curve, "grpo")  # the rest is copied now
+    assert all((curve / name).is_file() for name in ("config.yaml", "log.jsonl", study_curves.HANDED))
+    assert not study_curves.hand_over(grid, tmp_path / "elsewhere", "grpo")  # nothing left to hand: retrain
+
+
 def test_the_first_budget_is_the_grid_run_and_a_retrained_point_is_checked_against_it():
     def point(method, seed, reward, budget=512, **extra):
         return {"method": method, "label": method.upper(), "setting": "s", "seed": seed, "budget": budget,
