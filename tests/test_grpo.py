@@ -15,7 +15,7 @@ import yaml
 import llm_envs
 from trainers.rl import grpo, ppo
 from trainers import sweep
-from trainers.common import rollout
+from trainers.common import held_out, rollout
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError
 from trainers.common.models import compute_dtype
@@ -316,7 +316,7 @@ def test_a_kill_during_the_final_evaluation_is_evaluated_on_resume(trainer, tmp_
     measure the final model (the study selects settings on that record)."""
     module = {"grpo": grpo, "ppo": ppo}[trainer]
     out = tmp_path / "run"
-    with kill_on_call(loop, "evaluate", 2):  # 1: step 0, 2: the final model
+    with kill_on_call(held_out, "evaluate", 2):  # 1: step 0, 2: the final model (common/held_out.py, as ES)
         module.main(grpo_args(tiny_model_dir, out, "--steps", "2", "--batch-size", "2", "--group-size", "2",
                               "--checkpoint-every", "1"))
     module.main(["--resume", str(out)])
