@@ -169,3 +169,29 @@ def test_the_probe_leaves_the_runs_numbers_as_they_were(tiny_model_dir, tmp_path
                      "--alpha", "0.02"))
     a, b = (load_file(str(tmp_path / name / "final" / "model.safetensors")) for name in ("probed", "not"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_presets_benchmark_puts_the_estimate_beside_the_measured_time(tiny_model_dir, tmp_path):
+    """``benchmarks.speed.presets`` on the tiny model: one ES iteration of a toy env's CPU preset."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.speed.presets", "--envs", "toy_envs:Letter-v0",
+                           "--model", str(tiny_model_dir), "--iterations", "1", "--out", str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [result] = json.loads((tmp_path / "p" / "presets.json").read_text())["results"]
+    assert result["units"] == 1 and result["seconds_per_unit"] > 0 and result["estimated_per_unit"]
+    assert "the CPU preset" in result["estimate"] and "(--preset cpu)" in result["estimate"]
+    row = (tmp_path / "p" / "presets.md").read_text().splitlines()[-1]
+    assert row.startswith(f"| es | toy_envs:Letter-v0 | {result['estimated_per_unit']} | ")
+
+
+def test_a_preset_value_that_clashes_with_a_given_one_is_one_line():
+    with pytest.raises(es.ConfigError, match=r"--population: must be even with --mirrored \(the cpu preset sets "
+                                             r".*--mirrored True.*give such a value yourself, or --preset paper\)"):
+        es_choice(["--env", "Sudoku-v0", "--population", "5"], seconds_per_member_row=10.0)

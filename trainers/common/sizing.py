@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from trainers.common.config import given
+from trainers.common.config import ConfigError, given
 from trainers.common.progress import duration, plural
 
 #: The paper's preset is kept while one of its iterations (steps) is estimated at most this long here.
@@ -212,6 +212,12 @@ def choose_preset(cfg, cpu: dict[str, Any], shape: Callable[[Any], str], complet
     applied = free if name == "cpu" else {}
     for key, value in applied.items():
         setattr(cfg, key, value)
+    try:  # the preset's values beside the ones given (--population 5 with the CPU preset's mirrored pairs)
+        cfg.validate()
+    except ConfigError as exc:
+        preset = ", ".join(f"--{k.replace('_', '-')} {v}" for k, v in applied.items())
+        raise ConfigError(f"{exc} (the {name} preset sets {preset}; give such a value yourself, or --preset "
+                          f"paper)") from None
     cfg._sources = {**sources, **{k: f"preset {name}" for k in free}}
     cfg.preset = name
     return Choice(name, chosen, other, applied, pace, unit, why)
