@@ -159,14 +159,14 @@ def test_auto_runs_the_cpu_preset_where_the_paper_is_too_slow(tiny_model_dir, tm
     assert [r["samples"] for r in log if "reward_mean" in r] == [16]  # N=8 x 2 prompts ran
 
 
-def test_the_probe_leaves_the_runs_numbers_as_they_were(tiny_model_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("engine", ["native", "hf"])  # hf: the README's main job's
+def test_the_probe_leaves_the_runs_numbers_as_they_were(engine, tiny_model_dir, tmp_path, monkeypatch):
     """The same full-rank ES run with the probe (which generates under a perturbed member) and with a
     made-up pace instead ends with the same weights, bit for bit."""
-    es.main(run_args(tiny_model_dir, tmp_path / "probed", "--iterations", "2", "--population", "4", "--sigma", "0.05",
-                     "--alpha", "0.02"))
+    args = ["--iterations", "2", "--population", "4", "--sigma", "0.05", "--alpha", "0.02", "--engine", engine]
+    es.main(run_args(tiny_model_dir, tmp_path / "probed", *args))
     monkeypatch.setattr(es_presets, "probe_pace", lambda *a, **k: PACE)
-    es.main(run_args(tiny_model_dir, tmp_path / "not", "--iterations", "2", "--population", "4", "--sigma", "0.05",
-                     "--alpha", "0.02"))
+    es.main(run_args(tiny_model_dir, tmp_path / "not", *args))
     a, b = (load_file(str(tmp_path / name / "final" / "model.safetensors")) for name in ("probed", "not"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
