@@ -183,3 +183,26 @@ def test_trackio_run_is_local_and_holds_the_metrics(tiny_model_dir, tmp_path):
     log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
     assert [steps[r["iteration"]]["train/reward"] for r in log if "reward_mean" in r] == \
            [r["reward_mean"] for r in log if "reward_mean" in r]
+
+
+def test_an_evaluation_is_tracked_with_pass_at_k_and_pass_hat_k(tiny_model_dir, tmp_path, monkeypatch):
+    pytest.importorskip("wandb")
+    from eval import __main__ as eval_cli
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE", "WANDB_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    out = tmp_path / "eval"
+    [summary] = eval_cli.main(["--env", "toy_envs:Echo-v0", "--model", str(tiny_model_dir), "--split", "train",
+                               "-n", "3", "-r", "2", "--max-new-tokens", "3", "--out", str(out), "--cache",
+                               str(tmp_path / "cache"), "--report-to", "wandb", "--report-group", "evals"])
+    history, config, group = {}, {}, None
+    for record in wandb_records(out):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            history |= {(i.nested_key[0] if i.nested_key else i.key): json.loads(i.value_json) for i in record.history.item}
+        elif kind == "run":
+            group, config = record.run.run_group, {u.key: json.loads(u.value_json) for u in record.run.config.update}
+    assert group == "evals" and config["samples"] == 2 and config["machine"]["cpu"]
+    assert history["eval/pass@1"] == summary["pass@1"] and history["eval/pass^k/2"] == summary["pass^k"]["2"]
+    assert {"eval/pass@k/2", "eval/reward", "perf/tokens_per_second", "perf/peak_memory_gb"} <= history.keys()

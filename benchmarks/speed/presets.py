@@ -35,7 +35,7 @@ def estimate_line(log: str) -> str | None:
     return next((line for line in log.splitlines() if "completions of up to" in line and "estimated ~" in line), None)
 
 
-def outcome(run: Path, log_text: str, seconds: float) -> dict:
+def preset_outcome(run: Path, log_text: str, seconds: float) -> dict:
     """What a finished run says: its estimate, the seconds its iterations logged, its rewards."""
     log = read_jsonl(run / "log.jsonl")
     train = [r for r in log if "reward_mean" in r]
@@ -54,7 +54,7 @@ def moved(values: list[float]) -> str:
     return f"{values[0]:.3f} -> {values[-1]:.3f}"
 
 
-def table(results: list[dict], machine: str) -> str:
+def presets_table(results: list[dict], machine: str) -> str:
     lines = [f"Measured on {machine}.", "",
              "| trainer | env | estimate said (per unit) | measured s per unit | units | training reward | "
              "held-out reward |", "|---|---|---:|---:|---:|---|---|"]
@@ -106,13 +106,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     results.append({"trainer": trainer, "env": env, "error": tail[0][:200]})
                     print(f"[{name}] failed: {tail[0][:200]}", flush=True)
                     continue
-            result = {"trainer": trainer, "env": env, **outcome(run, log_file.read_text(), time.perf_counter() - start)}
+            result = {"trainer": trainer, "env": env,
+                      **preset_outcome(run, log_file.read_text(), time.perf_counter() - start)}
             results.append(result)
             print(f"[{name}] said: {result['estimate']}\n[{name}] measured: {result['seconds_per_unit']} s per "
                   f"{UNIT[trainer][:-1]}, training reward {moved(result['train_reward'])}", flush=True)
     (out / "presets.json").write_text(json.dumps({"machine": machine, "results": results}, indent=1) + "\n")
-    (out / "presets.md").write_text(table(results, machine))
-    print("\n" + table(results, machine), end="")
+    (out / "presets.md").write_text(presets_table(results, machine))
+    print("\n" + presets_table(results, machine), end="")
     return results
 
 
