@@ -4,7 +4,8 @@ An entry is keyed by a hash of everything that determines it: the model's weight
 device type and dtype it runs in, the environment (id, options, hash of any data file), the split
 and the decoding settings (``max_new_tokens``, samples, temperature, top_p, seed, ...). It holds
 generated text and token ids, never rewards: the harness scores them on every read, so a change to
-an environment's reward code takes effect at once. Entries are JSON files written atomically. Location: ``--cache DIR``, else ``$LLM_ENVS_EVAL_CACHE``, else
+an environment's reward code takes effect at once. A split's generations are also cached chunk by
+chunk as they are made (``harness.generate_chunks``), so a killed evaluation resumes from them. Entries are JSON files written atomically. Location: ``--cache DIR``, else ``$LLM_ENVS_EVAL_CACHE``, else
 ``$LLM_ENVS_CACHE/eval`` (default ``~/.cache/llm_envs/eval``).
 """
 
@@ -75,3 +76,8 @@ class Cache:
         tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(value))
         os.replace(tmp, path)
+
+    def delete(self, key: str) -> None:
+        """Drop the entry under ``key`` (none there: nothing to do)."""
+        if self.enabled:
+            self.path(key).unlink(missing_ok=True)

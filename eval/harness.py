@@ -23,16 +23,17 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 import llm_envs
 from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
-from eval.passk import mean_std, pass_at_ks
+from eval.passk import mean_std, pass_at_ks, pass_hat_ks
 from llm_envs.multiturn import is_multiturn
-from trainers.common.config import ConfigError, check, check_engine, env_kwargs, make_env
+from trainers.common import tracking
+from trainers.common.config import ConfigError, check, check_engine, check_tracking, env_kwargs, make_env
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
 from trainers.common import runtime
@@ -41,8 +42,11 @@ from trainers.common.episodes import episode_row, episode_summary
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
+from trainers.common.progress import bar
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
+from trainers.engines.sampling import row_seeds
+from trainers.common.tracking import REPORT_TO_HELP
 
 DEFAULT_ENV = "Countdown-v0"  # --env for a model that is not a trainer run
 
@@ -64,7 +68,8 @@ class EvalConfig(EngineOptions):
     split: str | None = field(default=None, metadata={"help": "split(s), comma-separated; None = the env's evaluation splits (test; MATH-v0: its five benchmarks)"})
     data: str | None = field(default=None, metadata={"help": "a data file for the evaluated split (replaces the built-in one)"})
     out: str | None = field(default=None, metadata={"help": "output directory; None = RUN/eval for a run, else runs/eval/MODEL"})
-    samples: int = field(default=1, metadata={"help": "responses per prompt; > 1 adds unbiased pass@k for k = 1..samples"})
+    samples: int = field(default=1, metadata={"help": "responses (rollouts) per prompt; > 1 adds unbiased pass@k and "
+                                                      "pass^k for k = 1..samples", "aliases": ["-r"]})
     temperature: float | None = field(default=None, metadata={"help": "sampling temperature; None = 0 (greedy), or 1.0 with --samples > 1"})
     top_p: float = field(default=1.0, metadata={"help": "nucleus sampling threshold"})
     seed: int = field(default=0, metadata={"help": "sampling seed"})
@@ -74,7 +79,8 @@ class EvalConfig(EngineOptions):
     preset: str | None = field(default=None, metadata={"help": "conciseness = the paper's protocol: 20 samples at temperature 1, KL to the base", "choices": list(PRESETS)})
     max_new_tokens: int | None = field(default=None, metadata={"help": "generation budget; None = the env's"})
     batch_size: int = field(default=32, metadata={"help": "sequences per generate() call"})
-    limit: int | None = field(default=None, metadata={"help": "evaluate the first K examples of each split only"})
+    limit: int | None = field(default=None, metadata={"help": "evaluate the first K examples of each split only",
+                                                      "aliases": ["-n"]})
     label: str | None = field(default=None, metadata={"help": "method label in tables and plots; None = inferred from the run's config"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda; None = cuda if available"})
@@ -84,8 +90,12 @@ class EvalConfig(EngineOptions):
                 "measured faster (cached; trainers/common/precision.py)", "choices": DTYPE_CHOICES})
     cache: str | None = field(default=None, metadata={"help": "cache directory or 'off'; None = $LLM_ENVS_EVAL_CACHE, else ~/.cache/llm_envs/eval"})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers); None = the env's"})
+    report_to: str = field(default="none", metadata={"help": REPORT_TO_HELP.replace("besides log.jsonl", "besides "
+                                                                                      "the summary files")})
+    report_group: str | None = field(default=None, metadata={"help": "tracking group (default: a trainer run's own)"})
 
     def validate(self) -> None:
+        check_tracking(self.report_to)
         for name, value in PRESETS.get(self.preset or "", {}).items():
             if name == "samples" and self.samples == 1 or name != "samples" and getattr(self, name) is None:
                 setattr(self, name, value)
@@ -246,13 +256,16 @@ def examples_hash(examples) -> str:
 
 
 def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: str, env_args: dict, examples,
-                       cfg: EvalConfig, cache: Cache, split: str) -> tuple[dict[str, Any], str, bool]:
-    """Responses of ``examples`` and their scores: (entry, cache key, were the responses cached).
+                       cfg: EvalConfig, cache: Cache, split: str) -> tuple[dict[str, Any], str, int]:
+    """Responses of ``examples`` and their scores: (entry, cache key, how many responses came from
+    the cache: all of them, those of an evaluation killed before, or none).
 
     The cache holds generations only (texts, token ids, counts), keyed by everything that
     determines them: weights, device type and dtype, environment, examples and decoding. Rewards
     and verdicts are computed by ``scorer`` on every call, cached or not (scoring costs a few % of
-    generating), so results always reflect the environment's current reward code."""
+    generating), so results always reflect the environment's current reward code. Single-turn
+    responses are generated in chunks, each cached as it ends (``generate_chunks``), so a killed
+    evaluation resumes from the chunks it finished."""
     sampling = cfg.temperature > 0
     decoding = dict(max_new_tokens=cfg.max_new_tokens, samples=cfg.samples, temperature=cfg.temperature,
                     top_p=cfg.top_p if sampling else 1.0, seed=cfg.seed if sampling else None,
@@ -264,8 +277,10 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
     per_completion = [e for e in examples for _ in range(cfg.samples)]  # rows are prompt-major
     episodes = is_multiturn(scorer.env)  # an episode's outcome needs the env's replies: regenerated, never cached
     entry = None if episodes else cache.get(key)
-    cached = entry is not None
-    if cached:
+    from_cache = len(entry["rows"]) if entry is not None else 0
+    if entry is None and not episodes:
+        entry, from_cache = generate_chunks(model, examples, cfg, cache, key, decoding, f"{env_id}/{split}")
+    if not episodes:
         scores = scorer.score_batch([r["completion"] for r in entry["rows"]], per_completion)
     else:
         r = rollout(model.engine(), scorer, examples, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
@@ -274,18 +289,60 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
         rows = [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done, token_ids=ids)
                 for j, (e, text, n, done, ids) in enumerate(zip(r.examples, out.texts, out.num_tokens, out.finished,
                                                                  out.token_ids))]
-        if r.episodes is not None:  # turns, tool calls and errors, the conversation
-            rows = [row | episode_row(ep) for row, ep in zip(rows, r.episodes)]
+        rows = [row | episode_row(ep) for row, ep in zip(rows, r.episodes)]  # turns, tool calls and errors, the conversation
         entry = {"rows": rows, "seconds": out.seconds, "tokens": out.total_tokens, "decoding": decoding,
                  "runtime": model.runtime}
-        if not episodes:
-            cache.put(key, entry)
         scores = r.scores
     # The scorer saw opening + completion; the completion (and its token ids, which KL covers) is generated text only.
     rows = [{"id": row["id"], "sample": row["sample"], "opening": e.opening, "completion": row["completion"],
              "reward": s.reward, "correct": bool(s.correct), "parts": s.parts, "error": s.error, **row}
             for row, e, s in zip(entry["rows"], per_completion, scores)]
-    return {**entry, "rows": rows}, key, cached
+    return {**entry, "rows": rows}, key, from_cache
+
+
+def generate_chunks(model: LazyModel, examples, cfg: EvalConfig, cache: Cache, key: str, decoding: dict[str, Any],
+                    label: str) -> tuple[dict[str, Any], int]:
+    """The generations of ``examples``, every ``--batch-size`` prompts (a chunk, with all their
+    samples) cached under its own key as it ends: a killed evaluation finds the chunks it finished
+    and generates only the rest. Once all are there, the split's entry is cached under ``key`` and
+    the chunks are dropped. A sampled row's seed is derived from (``--seed``, its index in the
+    split), as one call over the split would derive it, so chunks give what one call gives.
+    Returns the entry and how many of its rows an earlier run had generated."""
+    sampling = cfg.temperature > 0
+    seeds = row_seeds(cfg.seed, len(examples) * cfg.samples) if sampling else None
+    rows: list[dict[str, Any]] = []
+    seconds, tokens, resumed, chunk_keys = 0.0, 0, 0, []
+    prompts = bar(total=len(examples), desc=f"{label} (chunks of {cfg.batch_size} prompts)", unit="prompt",
+                  disable=len(examples) <= cfg.batch_size)
+    for start in range(0, len(examples), cfg.batch_size):
+        part = examples[start:start + cfg.batch_size]
+        chunk_keys.append(cache_key(kind="generate-chunk", entry=key, start=start, prompts=len(part)))
+        chunk = cache.get(chunk_keys[-1])
+        if chunk is not None:
+            resumed += len(chunk["rows"])
+        else:
+            span = slice(start * cfg.samples, (start + len(part)) * cfg.samples)
+            out = model.engine().generate([e.prompt for e in part], max_new_tokens=cfg.max_new_tokens,
+                                          batch_size=cfg.batch_size, temperature=cfg.temperature, top_p=cfg.top_p,
+                                          seed=seeds[span] if seeds else None, num_return_sequences=cfg.samples,
+                                          progress=label)
+            chunk = {"chunk": start, "seconds": out.seconds, "tokens": out.total_tokens,
+                     "rows": [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done,
+                                   token_ids=ids)
+                              for j, (e, text, n, done, ids) in enumerate(zip(
+                                  [e for e in part for _ in range(cfg.samples)], out.texts, out.num_tokens,
+                                  out.finished, out.token_ids))]}
+            cache.put(chunk_keys[-1], chunk)
+        rows += chunk["rows"]
+        seconds += chunk["seconds"]
+        tokens += chunk["tokens"]
+        prompts.update(len(part))
+    prompts.close()
+    entry = {"rows": rows, "seconds": seconds, "tokens": tokens, "decoding": decoding, "runtime": model.runtime}
+    cache.put(key, entry)
+    for chunk_key in chunk_keys:
+        cache.delete(chunk_key)
+    return entry, resumed
 
 
 def measure_kl(model: LazyModel, base: LazyModel, examples, entry: dict[str, Any], gen_key: str, cfg: EvalConfig,
@@ -314,7 +371,7 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
                     kl: list[float] | None) -> dict[str, Any]:
     """The split's numbers: pass@1, pass@k, reward and KL mean/std, correct rate, tokens/s."""
     per_prompt = [[r["correct"] for r in rows[i:i + cfg.samples]] for i in range(0, len(rows), cfg.samples)]
-    passk = pass_at_ks(per_prompt)
+    passk, pass_all = pass_at_ks(per_prompt), pass_hat_ks(per_prompt)
     rewards = [r["reward"] for r in rows]
     parts: dict[str, list[float]] = {}
     for r in rows:
@@ -323,6 +380,7 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
     reward_mean, reward_std = mean_std(rewards)
     kl_mean, kl_std = mean_std(kl) if kl is not None else (None, None)
     return {"pass@1": passk.get(1, 0.0), "pass@k": {str(k): v for k, v in passk.items()},
+            "pass^k": {str(k): v for k, v in pass_all.items()},
             "correct_rate": sum(r["correct"] for r in rows) / max(1, len(rows)),
             "reward_mean": reward_mean, "reward_std": reward_std,
             "parts_mean": {k: sum(v) / len(v) for k, v in parts.items()},
@@ -355,6 +413,7 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
         base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache, cfg.dtype)
     out_dir = Path(cfg.out) if cfg.out else _default_out(spec)
     summaries = []
+    tracker = start_tracking(cfg, spec, model, out_dir, env_id)
     try:
         for split in splits:
             try:
@@ -365,16 +424,20 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
                 raise ConfigError(f"--split {split}: no examples")
             print(f"{env_id}/{split}: {len(examples)} prompts x {cfg.samples} sample(s), {_decoding_text(cfg)}",
                   file=sys.stderr, flush=True)
-            entry, key, cached = generate_and_score(model, scorer, env_id, env_args, examples, cfg, cache, split)
+            entry, key, from_cache = generate_and_score(model, scorer, env_id, env_args, examples, cfg, cache, split)
             kl = measure_kl(model, base, examples, entry, key, cfg, cache) if base is not None else None
             rows = [{k: v for k, v in r.items() if k != "token_ids"} | ({"kl": kl[i]} if kl else {})
                     for i, r in enumerate(entry["rows"])]
             summary = summary_header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
-            summary["cached"] = cached
+            summary["cached"], summary["cached_rows"] = from_cache == len(rows), from_cache
             write_split(out_dir, cfg, spec, env_id, split, rows, summary)
             print(_line(summary), flush=True)
             summaries.append(summary)
+            if tracker is not None:
+                tracker.log(tracked_numbers(summary, split if len(splits) > 1 else None), spec.iteration or 0)
     finally:
+        if tracker is not None:
+            tracker.close()
         model.close()
         scorer.close()
         env.close()
@@ -387,6 +450,32 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
 
 
 # ----- helpers --------------------------------------------------------------------------------------
+
+
+def start_tracking(cfg: EvalConfig, spec: ModelSpec, model: LazyModel, out_dir: Path,
+                   env_id: str) -> tracking.Tracker | None:
+    """The evaluation's tracked run (``--report-to``; None for ``none``): its config is the eval's
+    options and this machine, its group ``--report-group`` or the trainer run's own."""
+    backends = tracking.parse_report_to(cfg.report_to)
+    if not backends:
+        return None
+    name = f"eval {model_name(spec.path)} {env_id} {cfg.tag} {time.strftime('%Y%m%d-%H%M%S')}"
+    config = asdict(cfg) | {"machine": model.machine, "runtime": model.runtime, "model_method": spec.method}
+    return tracking.Tracker(backends, out_dir, name, config, group=cfg.report_group or spec.config.get("report_group"),
+                            job="eval")
+
+
+def tracked_numbers(summary: dict[str, Any], split: str | None) -> dict[str, float]:
+    """A split's summary in the shared vocabulary (``trainers/common/tracking.py``): ``eval/pass@1``,
+    ``eval/reward``, ``eval/kl``, ``eval/pass@k/K``, ``eval/pass^k/K``, tokens per second and
+    memory; under ``eval/SPLIT/`` when the evaluation measures several splits."""
+    prefix = f"eval/{split}/" if split else "eval/"
+    numbers = {"pass@1": summary["pass@1"], "reward": summary["reward_mean"], "reward_std": summary["reward_std"],
+               "correct_rate": summary["correct_rate"], "n": summary["n"], "kl": summary["kl_mean"],
+               **{f"pass@k/{k}": v for k, v in summary["pass@k"].items()},
+               **{f"pass^k/{k}": v for k, v in summary["pass^k"].items()}}
+    return {prefix + k: float(v) for k, v in numbers.items() if v is not None} | {
+        "perf/tokens_per_second": float(summary["tokens_per_second"]), "perf/peak_memory_gb": tracking.peak_memory_gb()}
 
 
 def model_spec(cfg: EvalConfig) -> ModelSpec:
@@ -458,11 +547,26 @@ def _line(s: dict[str, Any]) -> str:
     text = (f"{s['env']}/{s['split']} [{s['method']}] pass@1 {s['pass@1']:.4f}  reward {s['reward_mean']:.4f} "
             f"+- {s['reward_std']:.4f}  correct {s['correct_rate']:.3f}  (n={s['n']} x {s['samples']})")
     if s["samples"] > 1:
-        text += f"  pass@{s['samples']} {s['pass@k'][str(s['samples'])]:.4f}"
+        text += f"  pass@{s['samples']} {s['pass@k'][str(s['samples'])]:.4f}  pass^{s['samples']} " \
+                f"{s['pass^k'][str(s['samples'])]:.4f}"
     if s["kl_mean"] is not None:
         text += f"  KL {s['kl_mean']:.4f} +- {s['kl_std']:.4f}"
     if "turns_mean" in s:
         text += (f"  turns {s['turns_mean']:.2f}  tool calls {s['tool_calls_mean']:.2f}  "
                  f"tool errors {s['tool_errors_mean']:.2f}")
+    if s["samples"] > 1:
+        text += "\n" + "\n".join(f"  {name}  " + "  ".join(f"k={k}: {s[name][str(k)]:.4f}" for k in shown_ks(s["samples"]))
+                                  for name in ("pass@k", "pass^k"))
     speed = f"{s['tokens']} tokens in {s['seconds']:.1f} s = {s['tokens_per_second']:.1f} tokens/s"
-    return f"{text}\n  {speed}{' (cached)' if s['cached'] else ''} -> {s['file']}"
+    if s["cached"]:
+        speed += " (cached)"
+    elif s.get("cached_rows"):
+        speed += f" (resumed: {s['cached_rows']} of {s['responses']} responses from the cache)"
+    return f"{text}\n  {speed} -> {s['file']}"
+
+
+def shown_ks(samples: int) -> list[int]:
+    """The k a summary line shows: every k up to 8, else 1, 2, 4, 8, ... and ``samples``."""
+    if samples <= 8:
+        return list(range(1, samples + 1))
+    return sorted({2 ** i for i in range(samples.bit_length()) if 2 ** i <= samples} | {samples})

@@ -1,8 +1,9 @@
 """Tables from evaluation results: the paper's Table 1 (accuracy per base model and method),
 Table 2 (conciseness: reward and KL across seeds, reward hacking flagged) and, for an
 environment measured on several splits (MATH-v0's five benchmarks), a split table (columns in the
-order of the env's ``eval_splits``), and, for multi-turn environments, an episode table (pass@1,
-pass@k, mean return, turns, tool calls and tool errors per episode).
+order of the env's ``eval_splits``), for sampled evaluations a pass@k / pass^k table (at least one
+of k responses correct, and all k of them), and, for multi-turn environments, an episode table
+(pass@1, pass@k, mean return, turns, tool calls and tool errors per episode).
 
     python -m eval.table runs/eval/smollm2-135m runs/es-Countdown-v0-* [--format markdown|latex|csv] [--paper]
 
@@ -238,6 +239,36 @@ def _eval_splits(env_id: str) -> tuple[str, ...]:
         return ()
 
 
+# ----- pass@k and pass^k ------------------------------------------------------------------------------
+
+
+def sampled_table(records: list[dict[str, Any]]) -> list[Table]:
+    """Per (env, split) of sampled results (``--samples`` > 1): rows model + method (+ checkpoint),
+    k = the responses per prompt; pass@1, pass@k (one of k correct) and pass^k (all k correct: a
+    reliable model's, not a lucky one's) in %, and the mean reward, each a mean over the row's records
+    (seeds). Results measured before pass^k was recorded show "–" there."""
+    tables = []
+    sampled = [r for r in records if r.get("samples", 1) > 1]
+    for (env, split), group in group_by(sampled, ("env", "split")).items():
+        table = Table(f"{env} ({split}): sampled responses, pass@k and pass^k", ["Model", "k", "pass@1 (%)",
+                                                                                "pass@k (%)", "pass^k (%)", "Reward"])
+        rows: dict[tuple[str, int], list[dict[str, Any]]] = {}
+        for r in group:
+            label = f"{model_name(str(r.get('base_model')))} {r['method']}"
+            label += f" (iter {r['iteration']})" if r.get("iteration") is not None else ""
+            rows.setdefault((label, int(r["samples"])), []).append(r)
+        for (label, k), rs in rows.items():
+            at = [100 * (r.get("pass@k") or {}).get(str(k), r["pass@1"]) for r in rs]
+            every = [100 * r["pass^k"][str(k)] for r in rs if str(k) in (r.get("pass^k") or {})]
+            table.rows.append([label, str(k), f"{_mean([100 * r['pass@1'] for r in rs]):.1f}", f"{_mean(at):.1f}",
+                               f"{_mean(every):.1f}" if len(every) == len(rs) else DASH,
+                               f"{_mean([r['reward_mean'] for r in rs]):.3f}"])
+        table.notes.append("pass@k: at least one of k responses correct; pass^k: all k correct; both unbiased "
+                           "estimates from the k responses per prompt, averaged over prompts, then over a row's runs.")
+        tables.append(table)
+    return tables
+
+
 # ----- Table 2 ---------------------------------------------------------------------------------------
 
 
@@ -301,7 +332,7 @@ def conciseness_table(records: list[dict[str, Any]], paper: bool = False) -> lis
 
 
 def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False) -> list[Table]:
-    """The tables ``which`` (1, 2, splits, episodes or all) of ``records``."""
+    """The tables ``which`` (1, 2, splits, sampled, episodes or all) of ``records``."""
     tables = []
     if which in ("1", "all"):
         tables += method_table(records, paper)
@@ -309,6 +340,8 @@ def build(records: list[dict[str, Any]], which: str = "all", paper: bool = False
         tables += split_table(records)
     if which in ("2", "all"):
         tables += conciseness_table(records, paper)
+    if which in ("sampled", "all"):
+        tables += sampled_table(records)
     if which in ("episodes", "all"):
         tables += episode_table(records)
     return tables
@@ -365,7 +398,8 @@ def main(argv: list[str] | None = None) -> str:
     parser = Parser(prog="python -m eval.table", description=__doc__.split("\n\n")[0])
     parser.add_argument("paths", nargs="+", metavar="RUN_OR_RESULT", help="summary files, run dirs or directories of them")
     parser.add_argument("--format", choices=["markdown", "latex", "csv"], default="markdown")
-    parser.add_argument("--table", choices=["1", "2", "splits", "episodes", "all"], default="all", help="which tables")
+    parser.add_argument("--table", choices=["1", "2", "splits", "sampled", "episodes", "all"], default="all",
+                        help="which tables")
     parser.add_argument("--paper", action="store_true", help="add the paper's published numbers beside ours")
     parser.add_argument("--out", help="write the tables to this file too")
     args = parser.parse_args(argv)

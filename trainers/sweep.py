@@ -19,7 +19,9 @@ many for training: a smaller train split (Conciseness-v0 has 2 prompts) is refus
 given as a data file: ``--env-args '{"data": {"validation": "val.jsonl"}}' --val-split
 validation``), never on the reported one.
 
-Every flag that is not the sweep's own goes to the trainer (``python -m trainers.grpo --help``).
+Every flag that is not the sweep's own goes to the trainer (``python -m trainers.grpo --help``):
+``--report-to wandb`` tracks every run, in one group named as the sweep's directory (``--report-group``
+names another).
 Runs are written to OUT/beta=B_lr=L/ (their config.yaml records val_size and eval_split).
 Repeating the command skips finished runs and resumes unfinished ones. The selection and the
 selected run's test numbers are in OUT/sweep.json; the selected run is linked as OUT/best. The
@@ -167,6 +169,8 @@ def sweep(argv: list[str] | None = None) -> Path:
     trainer.resolve(rest + ["--out", "unused", "--beta", str(args.betas[0]), "--lr", str(args.lrs[0])])
     out = Path(args.out or f"runs/sweep-{args.algorithm}-{base.env}-{time.strftime('%Y%m%d-%H%M%S')}")
     out.mkdir(parents=True, exist_ok=True)
+    if not any(flag.split("=")[0] == "--report-group" for flag in rest):  # --report-to's runs: one group per sweep
+        rest = rest + ["--report-group", out.name]
     grid = [(beta, lr) for beta in args.betas for lr in args.lrs]
     for k, (beta, lr) in enumerate(grid, 1):
         path = out / run_name(beta, lr)

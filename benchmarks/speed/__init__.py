@@ -7,4 +7,5 @@
 - ``precision.py``: fp32 against bf16 (``compute_dtypes.py``: which dtype a run's matrix products ran in).
 - ``logprobs_update.py``: the RL update's log-probs, before and after a change.
 - ``perturbation_cast.py``: how much of a full-rank member survives the cast to bf16.
+- ``presets.py``: each trainer's CPU preset per env: its estimate line next to its measured time.
 """

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 import llm_envs
-from trainers.common.config import ConfigError, check, check_engine, env_kwargs
+from trainers.common.config import ConfigError, check, check_engine, check_tracking, env_kwargs
 from trainers.common.models import DTYPE_CHOICES, resolve_device
 from trainers.common.splits import MIN_VALIDATION
 from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
@@ -26,7 +26,7 @@ LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "es_sample
 AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "grad_accum", "commit", *(name for name in ENGINE_FIELDS if name != "engine"))
+INVOCATION = ("device", "grad_accum", "commit", "report_to", *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
 @dataclass
@@ -99,6 +99,9 @@ class StudyConfig(EngineOptions):
     unequal_budgets: bool = field(default=False, metadata={"help": "accept methods whose actual training responses "
                                                                    "(whole steps within --max-samples) differ by more "
                                                                    "than one step of the method with the smallest step"})
+    report_to: str | None = field(default=None, metadata={
+        "help": "where every run's and measurement's metrics go (the trainers' --report-to; default: the trainers' "
+                "tensorboard, measurements untracked); the study is their group, named as its directory"})
 
     def validate(self) -> None:
         try:
@@ -136,6 +139,8 @@ class StudyConfig(EngineOptions):
                   "must be whole numbers of responses")
         env_kwargs(self.env_args)
         check_engine(self)
+        if self.report_to is not None:
+            check_tracking(self.report_to)
         if self.metric is None:
             self.metric = "eval_reward" if env_id == "Conciseness-v0" else "eval_pass@1"
         if self.kl_samples is None:

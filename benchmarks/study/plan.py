@@ -153,10 +153,15 @@ def split_plan(cfg: StudyConfig, env, selected_on: str, validation: list[str]) -
 def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str], budget: int | None = None,
                  checkpoint_every: int | None = None) -> list[str]:
     """The trainer flags of ``run``: ``budget`` training responses (default ``--max-samples``), a
-    checkpoint every ``checkpoint_every`` steps (default: ES at its end, RL every quarter)."""
+    checkpoint every ``checkpoint_every`` steps (default: ES at its end, RL every quarter). Every run
+    takes the paper's preset where the study sets nothing (``--preset paper``: the size is the
+    study's), and with ``--report-to`` belongs to the study's tracking group."""
     budget = budget or cfg.max_samples
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
-            "--max-samples", str(budget), "--batch-size", str(prompts), "--eval-every", "0", *validation]
+            "--max-samples", str(budget), "--batch-size", str(prompts), "--eval-every", "0", *validation,
+            "--preset", "paper"]
+    if cfg.report_to is not None:
+        argv += ["--report-to", cfg.report_to, "--report-group", study_group(run)]
     for name in ("max_new_tokens", "eval_limit", "env_args", "device", "dtype", *ENGINE_FIELDS):
         if getattr(cfg, name) is not None:
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
@@ -185,6 +190,11 @@ def quarter(steps: int) -> int:
     while steps % every:
         every -= 1
     return every
+
+
+def study_group(run: Run) -> str:
+    """The tracking group of a study's runs and measurements: the study directory's name."""
+    return run.path.parents[3].name  # OUT/runs/METHOD/SETTING/seed=S
 
 
 def trainer_of(method: str):

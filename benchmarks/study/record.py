@@ -176,7 +176,7 @@ def brief(summary: dict[str, Any]) -> dict[str, Any]:
     """What the study keeps of a harness summary (``reward_se``: the study's standard error of its mean
     reward over distinct prompts, ``benchmarks.study.errors``, where measured)."""
     keys = ("env", "split", "method", "base_model", "hparams", "seed", "samples", "temperature", "max_new_tokens",
-            "n", "responses", "pass@1", "pass@k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
+            "n", "responses", "pass@1", "pass@k", "pass^k", "correct_rate", "reward_mean", "reward_std", "parts_mean", "kl_mean",
             "kl_std", "kl_estimator", "errors", "device", "dtype", "engine", "machine", "file")
     return {k: summary.get(k) for k in keys} | ({"reward_se": summary["reward_se"]} if "reward_se" in summary else {})
 

@@ -54,6 +54,8 @@ def measure(cfg: StudyConfig, model: str, label: str | None, out: Path, options:
         values = dict(env=cfg.env, model=model, split=cfg.eval_split, out=str(out), max_new_tokens=cfg.max_new_tokens,
                       limit=cfg.eval_limit, label=label, env_args=cfg.env_args, device=cfg.device, dtype=cfg.dtype,
                       cache=str(cache), **asdict(cfg.engine_options()), **options)
+        if cfg.report_to is not None:  # tracked in the study's group, named as OUT (the cache is OUT/evals/cache)
+            values |= dict(report_to=cfg.report_to, report_group=Path(cache).parents[1].name)
         summary = run(build_config(EvalConfig, values))[0]
     if groups is not None and "reward_se" not in summary:
         summary["reward_se"] = rows_se(harness_rows(summary), groups)

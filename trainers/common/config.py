@@ -4,6 +4,11 @@ Every field becomes a ``--flag-name`` (help from ``field(metadata={"help": ...})
 FILE.yaml`` supplies values that flags on the command line override. Bad values end the program
 with a one-line message naming the flag, never a traceback. ``TrainConfig`` holds the options
 every trainer shares; ``ESConfig`` and ``RLConfig`` add their own.
+
+A config built from a command line remembers where each value it was given came from
+(``given(config)``: a flag or the ``--config`` file), so a preset fills only the others
+(``trainers/common/sizing.py``) and config.yaml records which values came from where (a resumed run
+keeps its record, and adds the flags given at ``--resume``).
 """
 
 from __future__ import annotations
@@ -27,14 +32,18 @@ from trainers.common.cli import Parser  # noqa: F401  (every command's parser; i
 from trainers.common.precision import DTYPE_CHOICES
 from trainers.common.run_dir import RunDirError, recorded_runtime
 from trainers.common.runtime import Runtime
+from trainers.common.tracking import GROUP_HELP, REPORT_TO_HELP, TrackingError, check_report_to
 from trainers.engines.options import EngineOptions, EngineUnavailable
 from trainers.es.noise.lowrank import LayerError
 
 C = TypeVar("C")
 
 #: Keys of config.yaml that are not options: each is derived from the options and written by the
-#: run (``algorithm``), and ignored when a config is read back (``--config``, ``--resume``).
-DERIVED_KEYS = ("algorithm",)
+#: run (``algorithm``; ``sources``: where each value came from), and ignored when a config is read
+#: back as options (``--config``, ``--resume``).
+DERIVED_KEYS = ("algorithm", "sources")
+#: Where a value of a config came from, in config.yaml's ``sources``.
+FROM_FLAG, FROM_FILE = "flag", "--config file"
 
 
 class ConfigError(ValueError):
@@ -78,7 +87,8 @@ def _convert(name: str, value: Any, annotation: Any) -> Any:
 def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
     """A parser with ``--config`` and one flag per field of ``cls``. Flags that are not given are
     absent from the parsed namespace (``default=SUPPRESS``): what the namespace holds is exactly
-    what the command line said. Abbreviations (``--iter`` for ``--iterations``) are refused."""
+    what the command line said. Abbreviations (``--iter`` for ``--iterations``) are refused. A field's
+    ``metadata["aliases"]`` adds short flags (``python -m eval -n 20 -r 4``)."""
     hints = typing.get_type_hints(cls)
     parser = Parser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--config", help="YAML file of field: value pairs (flags given here override it)")
@@ -89,7 +99,8 @@ def make_parser(cls: type, description: str = "") -> argparse.ArgumentParser:
         default = f.default if f.default is not dataclasses.MISSING else None
         meta = f.metadata.get("help", "")
         choices = f.metadata.get("choices")
-        parser.add_argument(_flag(f.name), dest=f.name, default=argparse.SUPPRESS, choices=choices,
+        parser.add_argument(*f.metadata.get("aliases", ()), _flag(f.name), dest=f.name, default=argparse.SUPPRESS,
+                            choices=choices,
                             metavar=kind.__name__.upper() if not choices else None,
                             help=f"{meta} (default: {default})".replace("%", "%%"))  # argparse formats help with %
     return parser
@@ -101,9 +112,25 @@ def parse_config(cls: type[C], argv: list[str] | None = None, description: str =
     flags = vars(parser.parse_args(argv))
     config_file = flags.pop("config", None)
     try:
-        return build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
+        file = load_yaml(config_file) if config_file else {}
+        return build_config(cls, file | flags, _sources(file, FROM_FILE) | _sources(flags, FROM_FLAG))
     except ConfigError as exc:
         parser.error(str(exc))
+
+
+def _sources(values: dict[str, Any], origin: str) -> dict[str, str]:
+    return {k: origin for k in values if k not in DERIVED_KEYS}
+
+
+def given(config: Any) -> dict[str, str]:
+    """Option -> where its value came from, for the options a config was given (``build_config``'s
+    ``sources``). A config built in code (no record) counts every option that differs from its
+    default as given."""
+    recorded = getattr(config, "_sources", None)
+    if recorded is not None:
+        return recorded
+    return {f.name: "code" for f in dataclasses.fields(config)
+            if f.init and f.default is not dataclasses.MISSING and getattr(config, f.name) != f.default}
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
@@ -119,8 +146,9 @@ def load_yaml(path: str | Path) -> dict[str, Any]:
     return {str(k).replace("-", "_"): v for k, v in data.items()}
 
 
-def build_config(cls: type[C], values: dict[str, Any]) -> C:
-    """``cls(**values)`` with types converted, unknown keys rejected and ``validate()`` run."""
+def build_config(cls: type[C], values: dict[str, Any], sources: dict[str, str] | None = None) -> C:
+    """``cls(**values)`` with types converted, unknown keys rejected and ``validate()`` run;
+    ``sources``: where each given value came from (default: "code"), kept for ``given``."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls) if f.init}
     values = {k: v for k, v in values.items() if k not in DERIVED_KEYS}
@@ -132,6 +160,7 @@ def build_config(cls: type[C], values: dict[str, Any]) -> C:
         if f.name in values and choices and values[f.name] is not None and values[f.name] not in choices:
             raise ConfigError(f"{_flag(f.name)}: {values[f.name]!r} is not one of {', '.join(choices)}")
     config = cls(**{k: _convert(k, v, hints[k]) for k, v in values.items()})
+    config._sources = {k: "code" for k in values} if sources is None else {k: v for k, v in sources.items() if k in names}
     if hasattr(config, "validate"):
         config.validate()
     return config
@@ -222,8 +251,16 @@ class TrainConfig(EngineOptions):
                 "fp32 master weights (a resumed run keeps its first dtype: another is refused)",
         "choices": DTYPE_CHOICES})
     score_workers: int | None = field(default=None, metadata={"help": "scoring processes (0: in this process, for pure-Python scorers)"})
+    preset: str = field(default="auto", metadata={
+        "help": "the run's size where no flag or --config value says: paper (the paper's hyperparameters), cpu (a "
+                "documented size whose iteration takes minutes on a 2-core CPU), or auto: paper, unless a short probe "
+                "on this device says its iteration would take over ~2 h, then cpu (docs/es.md#sized-to-the-machine)",
+        "choices": ["auto", "paper", "cpu"]})
+    report_to: str = field(default="tensorboard", metadata={"help": REPORT_TO_HELP})
+    report_group: str | None = field(default=None, metadata={"help": GROUP_HELP})
 
     def validate(self) -> None:
+        check_tracking(self.report_to)
         try:
             llm_envs.registry.resolve_id(self.env)
         except llm_envs.UnknownEnvError as exc:
@@ -238,6 +275,14 @@ class TrainConfig(EngineOptions):
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         check_engine(self)
+
+
+def check_tracking(report_to: str | None) -> None:
+    """``--report-to``: known backends whose packages are installed, else a ``ConfigError`` naming the extra."""
+    try:
+        check_report_to(report_to)
+    except TrackingError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def settle_runtime(cfg: TrainConfig, device: torch.device, broadcast=None, is_main: bool = True) -> Runtime:
@@ -256,9 +301,12 @@ def settle_runtime(cfg: TrainConfig, device: torch.device, broadcast=None, is_ma
 
 
 def to_dict(config: Any) -> dict[str, Any]:
-    """What config.yaml holds: ``algorithm`` (when the config has one), then every option."""
+    """What config.yaml holds: ``algorithm`` (when the config has one), then every option, then
+    ``sources``: where each value not left at its default came from."""
     algorithm = getattr(config, "algorithm", None)
-    return ({"algorithm": algorithm} if algorithm else {}) | dataclasses.asdict(config)
+    sources = {k: v for k, v in given(config).items() if k not in ("resume", "out")}
+    return ({"algorithm": algorithm} if algorithm else {}) | dataclasses.asdict(config) | (
+        {"sources": sources} if sources else {})
 
 
 #: The errors a command reports in one line (bad options, run directories, data files, models
@@ -282,7 +330,8 @@ def resolve_config(cls: type, prefix, argv: list[str] | None = None, description
     config_file = flags.pop("config", None)
     try:
         if not flags.get("resume"):
-            cfg = build_config(cls, (load_yaml(config_file) if config_file else {}) | flags)
+            file = load_yaml(config_file) if config_file else {}
+            cfg = build_config(cls, file | flags, _sources(file, FROM_FILE) | _sources(flags, FROM_FLAG))
             if cfg.out is None:
                 name = prefix(cfg) if callable(prefix) else prefix
                 cfg.out = f"runs/{name}-{cfg.env}-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -293,7 +342,10 @@ def resolve_config(cls: type, prefix, argv: list[str] | None = None, description
         saved_file = Path(resume) / "config.yaml"
         if not saved_file.is_file():
             raise ConfigError(f"--resume {resume}: no run there (config.yaml missing)")
-        return build_config(cls, load_yaml(saved_file) | flags | {"resume": resume, "out": resume})
+        saved = load_yaml(saved_file)
+        # the run's own record of where its values came from, and this command line's flags
+        sources = (saved.get("sources") or {}) | _sources(flags, f"{FROM_FLAG} (at --resume)")
+        return build_config(cls, saved | flags | {"resume": resume, "out": resume}, sources)
     except ConfigError as exc:
         parser.error(str(exc))
 

@@ -2,7 +2,8 @@
 
     RUN/config.yaml        the full config of the run
     RUN/log.jsonl          one JSON record per iteration (and per evaluation)
-    RUN/tb/                TensorBoard events of the same scalars
+    RUN/tb/                TensorBoard events of the same numbers, in the shared vocabulary (``tracking.py``)
+    RUN/wandb/             W&B's files, with --report-to wandb (RUN/tracking.json: the tracked run's name and id)
     RUN/updates.jsonl      ES only: seeds and coefficients of every applied update
     RUN/runtime.jsonl      per start and resume: the device type, compute and weight dtypes, engine and CPU
     RUN/checkpoints/K/     weights (Hugging Face format) after iteration K, plus trainer state
@@ -23,6 +24,7 @@ import numpy as np
 import yaml
 from tqdm import tqdm
 
+from trainers.common import tracking
 from trainers.common.files import append_line, atomic_write
 
 TENSORS_FILE = "tensors.safetensors"  # extra trainer tensors of a checkpoint (ES: fp32 master weights)
@@ -44,30 +46,44 @@ class RunDir:
             if resume and not (self.path / "config.yaml").exists():
                 raise RunDirError(f"--resume {self.path}: no run there (config.yaml missing)")
             self.path.mkdir(parents=True, exist_ok=True)
-        self._tb = None
+        self.resume = resume
+        self._config: dict[str, Any] = {}
+        self._runtime: dict[str, Any] = {}
+        self._tracker: tracking.Tracker | None = None
+        self._tokens: float | None = None  # the budget's tokens at the last training record (tokens per second)
 
     # ----- config ----------------------------------------------------------------------------
     def write_config(self, config: dict[str, Any]) -> None:
         if self.is_main:
             atomic_write(self.path / "config.yaml", yaml.safe_dump(config, sort_keys=False))
+            self._config = config
 
     def read_config(self) -> dict[str, Any]:
         return yaml.safe_load((self.path / "config.yaml").read_text())
 
     # ----- logs ------------------------------------------------------------------------------
     def log(self, record: dict[str, Any], step: int) -> None:
-        """Append ``record`` to log.jsonl and its numbers to TensorBoard at ``step``."""
+        """Append ``record`` to log.jsonl, and send its numbers at ``step``, in the shared vocabulary,
+        to the run's ``--report-to`` backends (TensorBoard by default; ``tracking.py``)."""
         if not self.is_main:
             return
+        if self._tracker is None:
+            self._tracker = self._start_tracking(step)
         append_line(self.path / "log.jsonl", record)
-        if self._tb is None:
-            from torch.utils.tensorboard import SummaryWriter
+        numbers = tracking.metrics(record, self._tokens)
+        if "tokens" in record and "reward_mean" in record:
+            self._tokens = record["tokens"]
+        self._tracker.log(numbers | {"perf/peak_memory_gb": tracking.peak_memory_gb()}, step)
 
-            self._tb = SummaryWriter(str(self.path / "tb"))
-        for key, value in record.items():
-            if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "iteration":
-                self._tb.add_scalar(key, value, step)
-        self._tb.flush()
+    def _start_tracking(self, step: int) -> tracking.Tracker:
+        """The run's tracker, started at its first log record: its config is config.yaml and the
+        runtime record of this start (machine, dtype, engine); a resumed run continues its tracked run."""
+        earlier = [r for r in self.read_log() if "tokens" in r and "reward_mean" in r and r.get("iteration", 0) < step]
+        self._tokens = earlier[-1]["tokens"] if earlier else (0 if not self.resume else None)
+        config = self._config or (self.read_config() if (self.path / "config.yaml").is_file() else {})
+        return tracking.Tracker(tracking.parse_report_to(config.get("report_to")), self.path,
+                                tracking.tracked_name(self.path), config | {"runtime": self._runtime},
+                                group=config.get("report_group"), resume=self.resume, say=tqdm.write)
 
     def read_log(self) -> list[dict[str, Any]]:
         return read_jsonl(self.path / "log.jsonl")
@@ -93,12 +109,11 @@ class RunDir:
             p = next(model.parameters())
             resolved = runtime.record() if runtime is not None else {}
             resolved.pop("device", None)  # the weights' device, below, is where it ran
-            append_line(self.path / RUNTIME_FILE, {"iteration": iteration, "device": p.device.type,
-                                                    "dtype": str(compute or p.dtype).removeprefix("torch."),
-                                                    "weights": str(p.dtype).removeprefix("torch."),
-                                                    **resolved,
-                                                    **({"splits": splits} if splits else {}),
-                                                    "machine": describe(p.device)})
+            self._runtime = {"iteration": iteration, "device": p.device.type,
+                             "dtype": str(compute or p.dtype).removeprefix("torch."),
+                             "weights": str(p.dtype).removeprefix("torch."), **resolved,
+                             **({"splits": splits} if splits else {}), "machine": describe(p.device)}
+            append_line(self.path / RUNTIME_FILE, self._runtime)
 
     # ----- checkpoints -----------------------------------------------------------------------
     def checkpoint_dir(self, iteration: int) -> Path:
@@ -134,9 +149,9 @@ class RunDir:
         return sorted(int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "trainer_state.json").exists())
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
+        if self._tracker is not None:
+            self._tracker.close()
+            self._tracker = None
 
 
 def summarize(run: RunDir) -> None:

@@ -8,6 +8,7 @@
 - ``update_log.py``: every update's seeds and coefficients, what a resume replays.
 - ``replay.py``: a run's model rebuilt from its logged seeds alone (``python -m trainers.es.replay``).
 - ``start.py``: what a run says when it starts.
+- ``presets.py``: the paper's hyperparameters and a CPU preset per env, and an iteration's cost here.
 
 This file imports nothing: the engines import ``noise/``, and ``train.py`` imports the engines.
 """

@@ -62,16 +62,8 @@ from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
 from trainers.es.noise import fullrank, lowrank
 from trainers.es.noise.members import FullRankMember, LowRankMembers
+from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_fit
 
-# The paper's hyperparameters per environment (PAPER_NOTES.md); flags override them.
-PAPER_DEFAULTS: dict[str, dict[str, Any]] = {
-    "Countdown-v0": dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500),
-    "Conciseness-v0": dict(population=30, sigma=1e-3, alpha=5e-4, iterations=1000),
-    "MATH-v0": dict(population=30, sigma=1e-3, alpha=5e-4, iterations=300),
-    "Sudoku-v0": dict(population=32, sigma=1e-3, alpha=5e-4, iterations=2500),
-    "ARC-AGI-v0": dict(population=50, sigma=1e-3, alpha=3e-4, iterations=1500),
-}
-GENERIC_DEFAULTS = dict(population=30, sigma=1e-3, alpha=5e-4, iterations=500)
 #: Keeps members' sample seeds apart from every other use of the run seed.
 SAMPLE_STREAM = 0x5A3D
 
@@ -391,6 +383,9 @@ def train(cfg: ESConfig) -> Path:
     model, tokenizer, params, layers = load_weights(cfg, dist, log, device)
     dist.phase = "the engine's start"
     engine = make_engine(runtime.engine_options(cfg), model, tokenizer)  # after the replay: the current weights
+    fit = es_fit(cfg, dist, engine, env, params, layers, train_examples, device.type)  # --preset, from a probe here
+    per_iteration, per_step = iteration_size(cfg, len(train_examples))
+    run.write_config(to_dict(cfg))  # the preset's values, and where each value came from
     run.note_runtime(model, done, runtime,
                      splits=measured_split_counts(env, ("train", cfg.eval_split), cfg.eval_limit))
     if cfg.resume and dist.is_main:
@@ -408,6 +403,8 @@ def train(cfg: ESConfig) -> Path:
     held_out = HeldOut(cfg, engine, scorer, run, dist, say, cfg.gen_batch_size or 32, clock,
                        done if cfg.resume else None)
 
+    say(fit.line("ES", cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
+                 fit.pace.generation(eval_rows, cfg.max_new_tokens)))
     if done == 0:
         held_out(0)
     last = done

@@ -35,6 +35,7 @@ from trainers.common.progress import bar
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
 from trainers.rl.policy import load_policy, load_reference, make_optimizer
+from trainers.rl.presets import rl_fit
 from trainers.rl.sampling import response_seeds, sample
 from trainers.rl.sharding import Ranks
 
@@ -156,6 +157,10 @@ def train(cfg: RLConfig, algorithm) -> Path:
     dtype = compute_dtype(model)  # None in fp32: the weights' own
     options = runtime.engine_options(cfg)
     engine = make_engine(options, ranks.engine_model(model, options.engine, dtype), tokenizer, dtype)
+    fit = rl_fit(cfg, ranks, engine, env, train_examples, dev.type, uses_shared_prefix)  # --preset, from a probe here
+    prompts_per_step = min(cfg.batch_size, len(train_examples))
+    per_step = prompts_per_step * cfg.group_size
+    run.write_config(to_dict(cfg))  # the preset's values, and where each value came from
     ranks.shard(model)
     ref = load_reference(cfg.model, device, dtype) if cfg.beta else None
     ranks.shard(ref)
@@ -197,6 +202,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     held_out = HeldOut(cfg, engine, scorer, run, ranks.dist, say, cfg.gen_batch_size, clock,
                        done if cfg.resume else None, unit="step")
 
+    say(fit.line(algo.name, cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
+                 fit.pace.generation(eval_rows, cfg.max_new_tokens)))
     if done == 0:
         held_out(0)
     step = done

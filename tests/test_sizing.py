@@ -1,0 +1,197 @@
+"""Sized to the machine (``trainers/common/sizing.py``): ``--preset auto`` keeps the paper's size unless
+an iteration (step) of it would take over ~2 h here, then takes the env's CPU preset; ``--preset
+paper`` / ``cpu`` ask for one; an explicit flag or ``--config`` value always wins, and config.yaml
+records where each value came from; every trainer says its whole-run estimate before its first work,
+and the probe behind it leaves the run's numbers as they were."""
+
+import json
+
+import llm_envs
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from trainers.common import sizing
+from trainers.common.config import to_dict
+from trainers.es import presets as es_presets
+from trainers.es import train as es
+from trainers.rl import grpo, ppo
+from trainers.rl import presets as rl_presets
+
+PACE = sizing.Pace("cpu", rows=4, prompt_tokens=100, prompt_seconds=2.0, step_seconds=0.1, member_seconds=1.0, seconds=3.0)
+
+
+def es_choice(argv, seconds_per_member_row: float = 1.0):
+    """``--preset`` decided for ES on ``argv`` with a made-up pace: an iteration takes
+    ``seconds_per_member_row`` per member and prompt."""
+    cfg = es.resolve(argv)
+    env = llm_envs.make(cfg.env)
+    cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens  # as train() sets it first
+    train = len(env.examples("train"))
+    prompts = lambda c: min(c.batch_size or train, train)  # noqa: E731
+    choice = sizing.choose_preset(cfg, es_presets.es_cpu_preset(env, llm_envs.registry.resolve_id(cfg.env)),
+                           lambda c: f"N={c.population} x {prompts(c)} prompts",
+                           lambda c: c.population * prompts(c),
+                           lambda c: seconds_per_member_row * c.population * prompts(c), "iteration", PACE)
+    return cfg, choice
+
+
+def test_sudoku_alone_takes_the_cpu_preset_where_the_papers_iteration_is_too_long():
+    cfg, choice = es_choice(["--env", "Sudoku-v0"])  # 32 members x 800 prompts x 1 s: ~7 h per iteration
+    assert choice.name == cfg.preset == "cpu"
+    assert (cfg.population, cfg.mirrored, cfg.batch_size, cfg.max_new_tokens, cfg.iterations, cfg.eval_limit) == \
+           (8, True, 4, 256, 20, 20)
+    sources = to_dict(cfg)["sources"]
+    assert sources["population"] == sources["max_new_tokens"] == "preset cpu" and sources["env"] == "flag"
+    line = choice.line("ES", cfg.env, cfg.iterations, 20, 3, 60.0)
+    assert "the CPU preset (the paper's would take ~7.1 h per iteration on this device: N=32 x 800 prompts; " \
+           "--preset paper asks for it)" in line
+    assert "32 completions of up to 256 tokens (8,192 tokens) per iteration, 20 iterations" in line
+    assert "--preset paper (N=32 x 800 prompts, 512 new tokens, 2500 iterations" in line and "4 rows" in line
+
+
+def test_the_paper_preset_is_kept_where_its_iteration_fits():
+    cfg, choice = es_choice(["--env", "Sudoku-v0"], seconds_per_member_row=0.2)  # ~1.4 h per iteration
+    assert choice.name == cfg.preset == "paper" and (cfg.population, cfg.batch_size, cfg.iterations) == (32, None, 2500)
+    assert to_dict(cfg)["sources"]["population"] == "preset paper"
+    assert "a smaller preset: --preset cpu (N=8 x 4 prompts, 256 new tokens, 20 iterations" in \
+           choice.line("ES", cfg.env, 2500, 200, 26, 600.0)
+
+
+@pytest.mark.parametrize("flag, seconds, name, population", [("paper", 1.0, "paper", 32), ("cpu", 0.001, "cpu", 8)])
+def test_preset_asks_for_one_whatever_the_estimate(flag, seconds, name, population):
+    cfg, choice = es_choice(["--env", "Sudoku-v0", "--preset", flag], seconds)
+    assert (choice.name, cfg.population) == (name, population) and f"(--preset {flag})" in choice.line("ES", "x", 1, 1, 0, 0)
+
+
+def test_explicit_flags_and_config_values_win_over_the_preset(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("env: Sudoku-v0\nmax_new_tokens: 64\n")
+    cfg, choice = es_choice(["--config", str(config), "--population", "16", "--iterations", "3"])
+    assert choice.name == "cpu" and (cfg.population, cfg.iterations, cfg.max_new_tokens, cfg.batch_size) == (16, 3, 64, 4)
+    sources = to_dict(cfg)["sources"]
+    assert (sources["population"], sources["max_new_tokens"], sources["batch_size"]) == ("flag", "--config file",
+                                                                                         "preset cpu")
+    assert "with your population, iterations, max-new-tokens" in choice.line("ES", "x", 1, 1, 0, 0)
+
+
+def test_the_main_jobs_config_keeps_every_value(tmp_path):
+    """README's main job: every size it sets is its own, whatever the estimate says."""
+    cfg, choice = es_choice(["--config", "benchmarks/configs/es_conciseness_cpu.yaml"], seconds_per_member_row=1e6)
+    before = {k: v for k, v in to_dict(cfg).items() if k not in ("preset", "sources")}
+    assert choice.applied == {} and "the values given (flags, --config)" in choice.line("ES", "x", 8, 8, 3, 1.0)
+    assert (cfg.population, cfg.iterations, cfg.sigma, cfg.alpha, cfg.max_new_tokens, cfg.mirrored) == \
+           (8, 8, 5e-4, 1.5e-3, 48, True)
+    assert before == {k: v for k, v in to_dict(cfg).items() if k not in ("preset", "sources")}
+
+
+def test_a_resumed_run_keeps_its_values(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg, _ = es_choice(["--env", "Sudoku-v0", "--out", str(run)])
+    (run / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    resumed, choice = es_choice(["--resume", str(run), "--iterations", "30"], seconds_per_member_row=1e-6)
+    assert choice.applied == {} and (resumed.population, resumed.iterations, resumed.preset) == (8, 30, "cpu")
+    sources = to_dict(resumed)["sources"]
+    assert sources["population"] == "preset cpu" and sources["iterations"] == "flag (at --resume)"
+
+
+@pytest.mark.parametrize("trainer, family", [(grpo, "grpo"), (ppo, "ppo")])
+def test_rl_trainers_have_cpu_presets_too(trainer, family):
+    cfg = trainer.resolve(["--env", "Countdown-v0", "--batch-size", "4"])
+    env = llm_envs.make(cfg.env)
+    cfg.max_new_tokens = env.max_new_tokens
+    choice = sizing.choose_preset(cfg, rl_presets.rl_cpu_preset(env, "Countdown-v0", family), str, lambda c: 1,
+                           lambda c: 1e9 if c.max_new_tokens == 512 else 60.0, "step", PACE, units="steps")
+    expected = rl_presets.CPU_FAMILY[family]
+    assert choice.name == "cpu" and (cfg.group_size, cfg.lr, cfg.steps, cfg.max_new_tokens, cfg.eval_limit) == \
+           (expected["group_size"], 1e-5, 20, 256, 20)
+    assert cfg.batch_size == 4 and to_dict(cfg)["sources"]["lr"] == "preset cpu"
+
+
+def test_an_rl_step_costs_its_sampling_and_its_update():
+    cfg = ppo.resolve(["--env", "Countdown-v0"])
+    shared = ppo.resolve(["--env", "Countdown-v0", "--shared-critic", "true", "--epochs", "2"])
+    assert rl_presets.update_passes(cfg) == 3 + 1 + 1 + 3  # policy, reference, critic's values and training
+    assert rl_presets.update_passes(shared) == 6 + 1 + 1 + 1  # two epochs, reference, old log-probs, values
+    assert rl_presets.update_passes(grpo.resolve(["--loss", "dr_grpo"])) == 3  # beta 0: no reference
+
+
+def test_a_pace_scales_with_rows_and_tokens():
+    assert PACE.generation(8, 11) == pytest.approx(2 * (2.0 + 10 * 0.1))
+    assert PACE.generation(0, 100) == 0.0
+    assert PACE.forward(400) == pytest.approx(2.0)  # the probe's 4 x 100 prompt tokens took 2 s
+
+
+def run_args(model_dir, out, *extra):
+    return ["--env", "Conciseness-v0", "--model", str(model_dir), "--out", str(out), "--max-new-tokens", "4",
+            "--eval-limit", "2", "--seed", "1", *extra]
+
+
+@pytest.mark.parametrize("trainer, extra", [
+    (es, ["--iterations", "1", "--population", "4", "--sigma", "0.05", "--alpha", "0.02"]),
+    (grpo, ["--steps", "1", "--batch-size", "2", "--group-size", "2"]),
+    (ppo, ["--steps", "1", "--batch-size", "2", "--group-size", "2"]),
+])
+def test_every_trainer_says_its_estimate_before_its_first_work(trainer, extra, tiny_model_dir, tmp_path, capsys):
+    run = tmp_path / "run"
+    trainer.main(run_args(tiny_model_dir, run, *extra))
+    lines = capsys.readouterr().out.splitlines()
+    estimate = next(i for i, line in enumerate(lines) if "completions of up to 4 tokens" in line)
+    first_work = next(i for i, line in enumerate(lines) if "held-out" in line and i != estimate)
+    assert estimate < first_work and "estimated ~" in lines[estimate] and "probe on this cpu" in lines[estimate]
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["preset"] == "paper" and config["sources"]["max_new_tokens"] == "flag"
+
+
+def test_auto_runs_the_cpu_preset_where_the_paper_is_too_slow(tiny_model_dir, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(sizing, "SWITCH", 0.0)  # every iteration is "too long" on this machine
+    run = tmp_path / "run"
+    es.main(run_args(tiny_model_dir, run, "--iterations", "1"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert (config["preset"], config["population"], config["mirrored"], config["sigma"]) == ("cpu", 8, True, 5e-4)
+    assert (config["iterations"], config["max_new_tokens"]) == (1, 4)  # the flags'
+    assert config["sources"]["population"] == "preset cpu" and config["sources"]["iterations"] == "flag"
+    assert "the CPU preset with your iterations, max-new-tokens (the paper's would take ~" in \
+           capsys.readouterr().out
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "reward_mean" in r] == [16]  # N=8 x 2 prompts ran
+
+
+@pytest.mark.parametrize("engine", ["native", "hf"])  # hf: the README's main job's
+def test_the_probe_leaves_the_runs_numbers_as_they_were(engine, tiny_model_dir, tmp_path, monkeypatch):
+    """The same full-rank ES run with the probe (which generates under a perturbed member) and with a
+    made-up pace instead ends with the same weights, bit for bit."""
+    args = ["--iterations", "2", "--population", "4", "--sigma", "0.05", "--alpha", "0.02", "--engine", engine]
+    es.main(run_args(tiny_model_dir, tmp_path / "probed", *args))
+    monkeypatch.setattr(es_presets, "probe_pace", lambda *a, **k: PACE)
+    es.main(run_args(tiny_model_dir, tmp_path / "not", *args))
+    a, b = (load_file(str(tmp_path / name / "final" / "model.safetensors")) for name in ("probed", "not"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_presets_benchmark_puts_the_estimate_beside_the_measured_time(tiny_model_dir, tmp_path):
+    """``benchmarks.speed.presets`` on the tiny model: one ES iteration of a toy env's CPU preset."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
+    done = subprocess.run([sys.executable, "-m", "benchmarks.speed.presets", "--envs", "toy_envs:Letter-v0",
+                           "--model", str(tiny_model_dir), "--iterations", "1", "--out", str(tmp_path / "p")],
+                          capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert done.returncode == 0, done.stderr[-3000:]
+    [result] = json.loads((tmp_path / "p" / "presets.json").read_text())["results"]
+    assert result["units"] == 1 and result["seconds_per_unit"] > 0 and result["estimated_per_unit"]
+    assert "the CPU preset" in result["estimate"] and "(--preset cpu)" in result["estimate"]
+    row = (tmp_path / "p" / "presets.md").read_text().splitlines()[-1]
+    assert row.startswith(f"| es | toy_envs:Letter-v0 | {result['estimated_per_unit']} | ")
+
+
+def test_a_preset_value_that_clashes_with_a_given_one_is_one_line():
+    with pytest.raises(es.ConfigError, match=r"--population: must be even with --mirrored \(the cpu preset sets "
+                                             r".*--mirrored True.*give such a value yourself, or --preset paper\)"):
+        es_choice(["--env", "Sudoku-v0", "--population", "5"], seconds_per_member_row=10.0)
