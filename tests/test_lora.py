@@ -222,3 +222,163 @@ def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, tiny_mode
     assert plain == reference.generate(PROMPTS, max_new_tokens=8).token_ids
     base = HFEngine(tiny_model, tiny_tokenizer).generate(PROMPTS, max_new_tokens=8).token_ids
     assert plain != base  # the adapters are applied, not ignored
+
+
+# ----- runs: ES and RL on adapters, killed and resumed ---------------------------------------------
+
+
+def es_args(model_dir, out, *extra):
+    return ["--env", "Conciseness-v0", "--model", str(model_dir), "--out", str(out), "--iterations", "4",
+            "--population", "4", "--mirrored", "true", "--sigma", "0.2", "--alpha", "0.1", "--max-new-tokens", "6",
+            "--eval-every", "2", "--checkpoint-every", "2", "--seed", "3", "--lora-rank", "2", *extra]
+
+
+def adapter_weights(run_dir, where: str = "final") -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    path = Path(run_dir) / where
+    assert (path / "adapter_config.json").is_file() and not (path / "model.safetensors").exists()
+    return load_file(str(path / "adapter_model.safetensors"))
+
+
+def assert_same(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize("engine", ["hf", "native"])
+def test_es_on_adapters_resumes_after_a_kill_to_the_uninterrupted_result(engine, tiny_model_dir, tmp_path,
+                                                                         kill_on_call):
+    from trainers.es import train as es
+    from trainers.es.replay import rebuild
+
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    es.main(es_args(tiny_model_dir, whole, "--engine", engine))
+    log = [json.loads(line) for line in (whole / "log.jsonl").read_text().splitlines()]
+    assert any(not r["skipped"] for r in log if "reward_mean" in r), "rewards never differed: the test proves nothing"
+    final = adapter_weights(whole)
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in final.items())  # B moved from 0
+    with kill_on_call(es, "rollout", 3):  # iteration 3's one batched rollout (after the checkpoint of 2)
+        es.main(es_args(tiny_model_dir, killed, "--engine", engine))
+    assert not (killed / "final").exists()
+    es.main(["--resume", str(killed)])
+    assert_same(final, adapter_weights(killed))
+    # the seeds rebuild it: the adapters' start from the run seed, then the logged updates
+    model, _, last = rebuild(whole)
+    assert last == 4
+    rebuilt = {k.replace(".default", ""): v for k, v in model.state_dict().items() if ".lora_" in k}
+    assert_same(final, {k: v for k, v in rebuilt.items() if k in final})
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+def test_rl_on_adapters_resumes_after_a_kill_to_the_uninterrupted_result(trainer, tiny_model_dir, tmp_path,
+                                                                         kill_on_call):
+    from trainers.rl import grpo, loop, ppo
+
+    module = {"grpo": grpo, "ppo": ppo}[trainer]
+    args = lambda out: ["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--steps", "3",  # noqa: E731
+                        "--checkpoint-every", "2", "--batch-size", "2", "--group-size", "4", "--lr", "1e-2",
+                        "--eval-every", "0", "--beta", "0.01", "--lora-rank", "4", "--max-new-tokens", "8"]
+    module.main(args(tmp_path / "whole"))
+    with kill_on_call(loop, "sample", 3):
+        module.main(args(tmp_path / "killed"))
+    module.main(["--resume", str(tmp_path / "killed")])
+    whole, resumed = adapter_weights(tmp_path / "whole"), adapter_weights(tmp_path / "killed")
+    assert_same(whole, resumed)
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in whole.items())
+    log = lambda out: [{k: v for k, v in json.loads(line).items() if not k.endswith("seconds")}  # noqa: E731
+                       for line in (out / "log.jsonl").read_text().splitlines()]
+    assert log(tmp_path / "whole") == log(tmp_path / "killed")
+    kl = [r["kl"] for r in log(tmp_path / "whole") if "kl" in r]
+    assert kl and kl[0] == pytest.approx(0.0, abs=1e-7) and max(kl) > 0  # KL to the base: 0 before the first step
+    if trainer == "ppo":  # the critic's own adapter, saved beside the policy's and resumed
+        assert (tmp_path / "killed" / "final" / "critic" / "adapter_model.safetensors").is_file()
+
+
+def grpo_setup(tiny_model_dir, beta: float = 0.1, **options):
+    import llm_envs
+    from trainers.rl import policy
+    from trainers.rl.grpo import GRPO, GRPOConfig
+    from trainers.rl.sampling import sample
+
+    model, tok = policy.load_policy(str(tiny_model_dir), lora=LoraOptions(lora_rank=4), seed=0, base=str(tiny_model_dir))
+    with torch.no_grad():  # a trained adapter: the policy differs from its base
+        for name, p in adapters.adapter_parameters(model):
+            p.add_(0.05 * torch.randn_like(p)) if "lora_B" in name else None
+    cfg = GRPOConfig(env=LETTER, group_size=4, max_new_tokens=6, beta=beta, lora_rank=4, **options)
+    cfg.validate()
+    env = llm_envs.make(LETTER)
+    samples = sample(HFEngine(model, tok), env, env.examples("train")[:2], 4, 6, seed=0)
+    return GRPO(cfg, model, tok, ref=adapters.BaseOf(model)), samples, policy
+
+
+def test_rl_gradients_reach_the_adapters_and_nothing_else(tiny_model_dir):
+    algo, samples, policy = grpo_setup(tiny_model_dir)
+    model = algo.model
+    lora = {id(p) for _, p in adapters.adapter_parameters(model)}
+    optimizer = policy.make_optimizer(algo.param_groups(), 1e-2)
+    assert {id(p) for g in optimizer.param_groups for p in g["params"]} == lora
+    base = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) not in lora}
+    adapter = {n: p.detach().clone() for n, p in model.named_parameters() if id(p) in lora}
+    seen = {}
+    real_step = optimizer.step
+
+    def step(*args, **kwargs):  # the gradients as the optimizer gets them
+        seen.update({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        return real_step(*args, **kwargs)
+
+    optimizer.step = step
+    algo.update(algo.prepare(samples), optimizer)
+    assert seen and {id(dict(model.named_parameters())[n]) for n in seen} == lora  # every adapter tensor, nothing else
+    assert all(g.abs().sum() > 0 for n, g in seen.items() if "lora_B" in n)
+    assert all(torch.equal(p, base[n]) for n, p in model.named_parameters() if n in base)  # the base never moves
+    assert any(not torch.equal(p, adapter[n]) for n, p in model.named_parameters() if n in adapter)
+    assert {id(p) for p in optimizer.state} <= lora  # AdamW's moments for the adapters only
+
+
+def test_the_kl_reference_is_the_base_with_adapters_disabled(tiny_model, tiny_model_dir):
+    from trainers.rl.logprobs import pad, token_logprobs
+
+    algo, samples, _ = grpo_setup(tiny_model_dir)
+    batch = pad(samples.prompt_ids, samples.completion_ids, 0)
+    with torch.no_grad():
+        reference = token_logprobs(algo.ref, batch)
+        policy_logp = token_logprobs(algo.model, batch)
+        base = token_logprobs(tiny_model, batch)
+    torch.testing.assert_close(reference * batch.mask, base * batch.mask, rtol=0, atol=1e-6)
+    assert ((policy_logp - base) * batch.mask).abs().max() > 1e-4  # the policy itself is not the base
+    assert all(p.requires_grad for _, p in adapters.adapter_parameters(algo.model))  # still trainable after
+
+
+@pytest.mark.parametrize("trainer", ["es", "grpo"])
+def test_adapters_on_multi_turn_episodes_with_the_shared_prefix(trainer, tiny_model_dir, tmp_path):
+    from trainers.es import train as es
+    from trainers.rl import grpo
+
+    common = ["--env", "GuessNumber-v0", "--env-args", '{"max_turns": 2}', "--model", str(tiny_model_dir),
+              "--out", str(tmp_path / "run"), "--max-new-tokens", "6", "--eval-every", "0", "--eval-limit", "2",
+              "--lora-rank", "2", "--batch-size", "2"]
+    if trainer == "es":
+        es.main([*common, "--iterations", "2", "--population", "4", "--sigma", "0.2", "--alpha", "0.1"])
+    else:  # groups of 4: the shared prefix is on
+        grpo.main([*common, "--steps", "2", "--group-size", "4", "--lr", "1e-2", "--beta", "0.01"])
+    train = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["iteration"] for r in train if "reward_mean" in r] == [1, 2]
+    assert adapter_weights(tmp_path / "run")
+
+
+@pytest.mark.parametrize("trainer", ["grpo", "ppo"])
+def test_two_processes_with_adapters_take_the_steps_of_one(trainer, tiny_model_dir, tmp_path):
+    """FSDP2 shards the frozen base and the adapters: two processes end where one does."""
+    from tests.test_distributed_rl import ok, relative_difference, rl_args, torchrun
+    from trainers.rl import grpo, ppo
+
+    extra = ["--lora-rank", "4", "--beta", "0.01", "--max-new-tokens", "8"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    {"grpo": grpo, "ppo": ppo}[trainer].main(rl_args(tiny_model_dir, one, *extra))
+    result = ok(torchrun("-m", f"trainers.{trainer}", *rl_args(tiny_model_dir, two, *extra)))
+    assert "2 processes (FSDP)" in result.stdout
+    a, b = adapter_weights(one), adapter_weights(two)
+    # B starts at 0, where Adam's first steps are +-lr whatever the gradient's size: an element with an
+    # almost-zero gradient turns the two sums' rounding into a step (test_distributed_rl.py's docstring)
+    assert relative_difference(a, b) <= 1e-4
+    assert any("lora_B" in k and v.abs().sum() > 0 for k, v in a.items())

@@ -84,7 +84,7 @@ class LoraOptions:
     def target_list(self) -> list[str] | None:
         return None if self.lora_targets is None else [t.strip() for t in self.lora_targets.split(",") if t.strip()]
 
-    def alpha(self) -> float:
+    def adapter_alpha(self) -> float:
         return float(self.lora_alpha) if self.lora_alpha is not None else 2.0 * self.lora_rank
 
 
@@ -138,7 +138,7 @@ def check_targets(config, opts: LoraOptions) -> None:
 def lora_config(model: torch.nn.Module, opts: LoraOptions):
     from peft import LoraConfig
 
-    return LoraConfig(r=opts.lora_rank, lora_alpha=opts.alpha(), lora_dropout=opts.lora_dropout,
+    return LoraConfig(r=opts.lora_rank, lora_alpha=opts.adapter_alpha(), lora_dropout=opts.lora_dropout,
                       target_modules=resolve_targets(model, opts), task_type="CAUSAL_LM",
                       fan_in_fan_out=type(model).__name__.startswith("GPT2"))
 

@@ -150,6 +150,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     with ranks.dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
                                        cfg.gradient_checkpointing, dtype, cfg, cfg.seed, cfg.model)
+    algorithm.adapt(cfg, model)  # PPO's critic adapter: part of the policy's model before copies and shards
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
     # On several processes the engine holds its own full copy, taken before the policy is sharded;
     # each model is sharded (FSDP2; nothing on one process) before the next one is loaded.

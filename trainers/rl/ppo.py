@@ -173,8 +173,7 @@ class PPO:
         # adapters, the policy's frozen base with an adapter of its own ("critic", saved with the policy's).
         self.critic_adapter = cfg.lora and not cfg.shared_critic
         if self.critic_adapter:
-            if CRITIC not in model.peft_config:
-                adapters.add_adapter(model, CRITIC, cfg.seed)
+            self.adapt(cfg, model)
             self.trunk = adapters.WithAdapter(model, model.get_base_model().base_model, CRITIC)
         else:
             self.trunk = None if cfg.shared_critic else load_critic_trunk(cfg.model, str(self.device),
@@ -183,6 +182,13 @@ class PPO:
         self.modules = {"value_head": self.value_head}  # saved with checkpoints, restored on resume
         if self.trunk is not None and not self.critic_adapter:
             self.modules["critic_trunk"] = self.trunk
+
+    @staticmethod
+    def adapt(cfg: PPOConfig, model) -> None:
+        """With adapters and a separate critic: the critic's adapter on the policy's model (fresh, or
+        the one a checkpoint held), added before the loop copies the model for the engine or shards it."""
+        if cfg.lora and not cfg.shared_critic and CRITIC not in model.peft_config:
+            adapters.add_adapter(model, CRITIC, cfg.seed)
 
     def param_groups(self) -> list[dict]:
         """The policy's parameters, then the critic's (its own learning rate and gradient clip)."""
