@@ -382,3 +382,75 @@ def test_two_processes_with_adapters_take_the_steps_of_one(trainer, tiny_model_d
     # almost-zero gradient turns the two sums' rounding into a step (test_distributed_rl.py's docstring)
     assert relative_difference(a, b) <= 1e-4
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in a.items())
+
+
+# ----- what a run leaves -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def adapter_run(tiny_model_dir, tmp_path_factory):
+    """A finished GRPO run with adapters (a trained adapter in final/)."""
+    from trainers.rl import grpo
+
+    out = tmp_path_factory.mktemp("lora-run") / "run"
+    grpo.main(["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--steps", "3", "--batch-size", "2",
+               "--group-size", "4", "--lr", "3e-2", "--eval-every", "0", "--lora-rank", "4", "--max-new-tokens", "8",
+               "--beta", "0.01"])
+    return out
+
+
+def test_a_saved_adapter_loads_with_peft_and_gives_the_same_greedy_text(adapter_run, tiny_model_dir, tiny_tokenizer):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    final = adapter_run / "final"
+    assert {"adapter_config.json", "adapter_model.safetensors"} <= {p.name for p in final.iterdir()}
+    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir), final).eval()
+    ours, tok = load_model(final)  # what every command here loads: the base named by the adapter + it
+    assert adapters.has_adapters(ours)
+    text = HFEngine(loaded, tiny_tokenizer).generate(PROMPTS, max_new_tokens=10).texts
+    assert HFEngine(ours, tok).generate(PROMPTS, max_new_tokens=10).texts == text
+    assert NativeEngine(ours, tok).generate(PROMPTS, max_new_tokens=10).texts == text
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    assert HFEngine(base, tiny_tokenizer).generate(PROMPTS, max_new_tokens=10).texts != text  # it trained
+
+
+def test_the_merge_command_writes_the_full_model(adapter_run, tmp_path, tiny_tokenizer, capsys):
+    from trainers import merge
+
+    merge.main([str(adapter_run), "--out", str(tmp_path / "merged")])
+    assert "merged" in capsys.readouterr().out
+    merged, _ = load_model(tmp_path / "merged")
+    assert not adapters.has_adapters(merged) and (tmp_path / "merged" / "config.json").is_file()
+    adapter, _ = load_model(adapter_run / "final")
+    ids = ids_of(tiny_tokenizer)
+    torch.testing.assert_close(logits(merged, ids), logits(adapter, ids), rtol=1e-4, atol=1e-4)
+    with pytest.raises(SystemExit):  # a full model has nothing to merge: one line
+        merge.main([str(tmp_path / "merged"), "--out", str(tmp_path / "again")])
+    assert "not a LoRA adapter" in capsys.readouterr().err
+
+
+def test_eval_reads_an_adapter_run_with_kl_to_its_base(adapter_run, tmp_path, tiny_model_dir):
+    from eval import harness, load_results
+    from eval.harness import AdaptersOff, EvalConfig
+    from eval.table import build, render
+
+    cfg = EvalConfig(model=str(adapter_run), env=LETTER, samples=2, temperature=1.0, kl_to="base", limit=3,
+                     max_new_tokens=8, out=str(tmp_path / "eval"), cache="off")
+    cfg.validate()
+    [summary] = harness.run(cfg)
+    assert summary["method"] == "GRPO (4) (LoRA r=4)" and summary["kl_mean"] > 0
+    assert summary["kl_to"] == adapters.base_name(str(tiny_model_dir))
+    # the same KL as against a separately loaded base model
+    base = harness.LazyModel(str(tiny_model_dir), None, harness.Cache(None, enabled=False))
+    model = harness.LazyModel(str(adapter_run / "final"), None, harness.Cache(None, enabled=False))
+    off = AdaptersOff(model)
+    from trainers.rl.logprobs import pad, token_logprobs
+
+    ids = ids_of(model.get()[1], 2)
+    batch = pad(ids.tolist(), [[5, 6, 7], [8, 9, 10]], 0)
+    with torch.no_grad():
+        torch.testing.assert_close(token_logprobs(off.get()[0], batch), token_logprobs(base.get()[0], batch),
+                                   rtol=0, atol=1e-6)
+    table = render(build(load_results([str(tmp_path / "eval")])))
+    assert "GRPO (4) (LoRA r=4)" in table and f"{summary['kl_mean']:.3f}" in table
