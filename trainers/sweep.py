@@ -29,6 +29,7 @@ other runs keep their logs but their weights are deleted, unless --keep-all.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import shutil
 import sys
@@ -153,7 +154,7 @@ def measure_selected(run: Path, env, cfg, split: str) -> dict:
 
 def sweep(argv: list[str] | None = None) -> Path:
     args, rest = parse(argv)
-    trainer = __import__(f"trainers.{args.algorithm}", fromlist=["resolve", "train"])
+    trainer = importlib.import_module(f"trainers.rl.{args.algorithm}")  # its resolve and train
     # Validate the trainer's flags once, before any run starts.
     base = trainer.resolve(rest + ["--out", "unused", "--beta", str(args.betas[0]), "--lr", str(args.lrs[0])])
     report = base.eval_split  # what the sweep reports for the selected run, never selects on

@@ -139,8 +139,12 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
 
 
 def trainer_of(method: str):
-    name = {"es_full": "es", "es_lowrank": "es", "es_sampled": "es", "grpo": "grpo", "dr_grpo": "grpo", "ppo": "ppo"}[method]
-    return __import__(f"trainers.{name}", fromlist=["resolve", "train"])
+    """The trainer module (its ``resolve`` and ``train``) that runs ``method``."""
+    import importlib
+
+    name = {"es_full": "es.train", "es_lowrank": "es.train", "es_sampled": "es.train", "grpo": "rl.grpo",
+            "dr_grpo": "rl.grpo", "ppo": "rl.ppo"}[method]
+    return importlib.import_module(f"trainers.{name}")
 
 
 
