@@ -454,3 +454,63 @@ def test_eval_reads_an_adapter_run_with_kl_to_its_base(adapter_run, tmp_path, ti
                                    rtol=0, atol=1e-6)
     table = render(build(load_results([str(tmp_path / "eval")])))
     assert "GRPO (4) (LoRA r=4)" in table and f"{summary['kl_mean']:.3f}" in table
+
+
+# ----- the study and the sweep -----------------------------------------------------------------------
+
+
+def test_a_study_runs_adapter_methods_beside_full_weight_ones(tmp_path, tiny_model_dir):
+    from benchmarks.study import driver as study
+    from tests.test_study import tiny_argv
+
+    out = tmp_path / "study"
+    study.main(tiny_argv(out, tiny_model_dir, "--seeds", "1", "--methods", "es_lowrank,es_lora,grpo_lora",
+                         "--betas", "0.01", "--lora-rank", "2", "--lora-sigmas", "0.2", "--lora-lrs", "1e-2"))
+    results = json.loads((out / "results.json").read_text())
+    settings = {(r["method"], r["setting"]) for r in results["runs"]}
+    assert settings == {("es_lowrank", "sigma=0.01"), ("es_lora", "sigma=0.2"), ("grpo_lora", "beta=0.01_lr=0.01")}
+    for method in ("es_lora", "grpo_lora"):
+        run = next((out / "runs" / method).glob("*/seed=0"))
+        assert "lora_rank: 2" in (run / "config.yaml").read_text()
+    table1, table2 = (out / "table1.md").read_text(), (out / "table2.md").read_text()
+    assert "| ES (LoRA) |" in table1 and "| GRPO (LoRA) |" in table1 and "| ES (low-rank) |" in table1
+    assert "ES (LoRA)" in table2 and "GRPO (LoRA)" in table2  # measured with KL to the base too
+
+
+def test_a_study_without_adapter_methods_keeps_its_identity():
+    from benchmarks.study import config as study_config, plan as study_plan
+
+    plain = study_config.StudyConfig(env="Conciseness-v0", seeds=1)
+    plain.validate()
+    assert not any(k.startswith("lora") for k in study_config.identity(plain))  # old studies resume as they were
+    lora = study_config.StudyConfig(env="Conciseness-v0", seeds=1, methods="es_full,es_lora,ppo_lora,dr_grpo_lora",
+                                    lora_rank=16, lora_sigmas="0.01,0.02", lora_lrs="1e-4")
+    lora.validate()
+    assert study_config.identity(lora)["lora_rank"] == 16
+    runs = study_plan.plan(lora, Path("/tmp/nowhere"))
+    assert {r.setting for r in runs if r.method == "es_lora"} == {"sigma=0.01", "sigma=0.02"}
+    assert {r.setting for r in runs if r.method == "es_full"} == {"sigma=0.0005", "sigma=0.001"}
+    for run in runs:
+        argv = study_plan.trainer_argv(lora, run, 2, ["--eval-split", "train"])
+        assert ("--lora-rank" in argv) == run.method.endswith("_lora")
+        cfg = study_plan.trainer_of(run.method).resolve(argv)
+        assert cfg.lora_rank == (16 if run.method.endswith("_lora") else 0)
+        if run.method == "dr_grpo_lora":
+            assert cfg.loss == "dr_grpo"
+
+
+def test_the_sweep_passes_adapters_to_its_runs(tmp_path, tiny_model_dir):
+    from trainers import sweep
+
+    data = tmp_path / "val.jsonl"
+    data.write_text("".join(json.dumps({"id": f"v{i}", "question": f"Say a ({i}).", "answer": "a"}) + "\n"
+                            for i in range(3)))
+    out = tmp_path / "sweep"
+    sweep.main(["grpo", "--env", LETTER, "--model", str(tiny_model_dir), "--out", str(out), "--betas", "0",
+                "--lrs", "1e-2,3e-2", "--steps", "2", "--batch-size", "2", "--group-size", "4", "--max-new-tokens", "6",
+                "--eval-every", "0", "--lora-rank", "2", "--env-args", json.dumps({"data": {"validation": str(data)}}),
+                "--val-split", "validation"])
+    summary = json.loads((out / "sweep.json").read_text())
+    best = out / summary["best"]
+    assert adapter_weights(best) and "lora_rank: 2" in (best / "config.yaml").read_text()
+    assert summary["test"]["split"] == "test"  # the selected adapter run measured on test

@@ -29,12 +29,14 @@ class Run:
 
 def settings(cfg: StudyConfig, method: str) -> list[tuple[str, dict[str, float]]]:
     """The grid points of ``method``: (name, hyperparameters)."""
+    lora = method.endswith("_lora")
     if method.startswith("es_"):
-        ratios = cfg.grid("alpha_ratios")
+        ratios, sigmas = cfg.grid("alpha_ratios"), cfg.grid("lora_sigmas" if lora else "sigmas")
         if len(ratios) == 1:
-            return [(f"sigma={s:g}", {"sigma": s, "alpha": ratios[0] * s}) for s in cfg.grid("sigmas")]
-        return [(f"sigma={s:g}_alpha={r * s:g}", {"sigma": s, "alpha": r * s}) for s in cfg.grid("sigmas") for r in ratios]
-    return [(f"beta={b:g}_lr={lr:g}", {"beta": b, "lr": lr}) for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
+            return [(f"sigma={s:g}", {"sigma": s, "alpha": ratios[0] * s}) for s in sigmas]
+        return [(f"sigma={s:g}_alpha={r * s:g}", {"sigma": s, "alpha": r * s}) for s in sigmas for r in ratios]
+    lrs = cfg.grid("lora_lrs" if lora else "lrs")
+    return [(f"beta={b:g}_lr={lr:g}", {"beta": b, "lr": lr}) for b in cfg.grid("betas") for lr in lrs]
 
 
 def plan(cfg: StudyConfig, out: Path) -> list[Run]:
@@ -46,7 +48,7 @@ def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
     """Responses one iteration (ES) or one sampled batch (RL) of ``method`` generates."""
     if method == "es_full":
         return cfg.population * prompts
-    if method == "es_lowrank":
+    if method in ("es_lowrank", "es_lora"):
         return cfg.lowrank_population * prompts
     if method == "es_sampled":
         return cfg.lowrank_population * prompts * cfg.es_samples
@@ -122,19 +124,25 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
     steps = budget // per_step(cfg, run.method, prompts)
     hp = {k: repr(v) for k, v in run.hparams.items()}
+    if run.method.endswith("_lora"):  # the method on adapters: --lora-rank and its companions
+        argv += ["--lora-rank", str(cfg.lora_rank)]
+        argv += ["--lora-alpha", repr(cfg.lora_alpha)] if cfg.lora_alpha is not None else []
+        argv += ["--lora-targets", cfg.lora_targets] if cfg.lora_targets is not None else []
     if run.method.startswith("es_"):
         lowrank = run.method in ("es_lowrank", "es_sampled")
+        batched = lowrank or run.method == "es_lora"  # the whole population in one generation
         every = checkpoint_every or max(1, steps)  # resume replays the seeds
         argv += ["--iterations", str(steps), "--checkpoint-every", str(every),
-                 "--population", str(cfg.lowrank_population if lowrank else cfg.population),
+                 "--population", str(cfg.lowrank_population if batched else cfg.population),
                  "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
-                 "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
+                 "--noise", "lowrank" if lowrank else "full"]
+        argv += ["--rank", str(cfg.rank)] if lowrank or run.method == "es_full" else []
         if run.method == "es_sampled":
             argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
         argv += ["--steps", str(steps), "--checkpoint-every", str(checkpoint_every or max(1, steps // 4)), "--group-size",
                  str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
-        argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
+        argv += ["--loss", "dr_grpo"] if run.method.removesuffix("_lora") == "dr_grpo" else []
     return argv
 
 
@@ -143,7 +151,7 @@ def trainer_of(method: str):
     import importlib
 
     name = {"es_full": "es.train", "es_lowrank": "es.train", "es_sampled": "es.train", "grpo": "rl.grpo",
-            "dr_grpo": "rl.grpo", "ppo": "rl.ppo"}[method]
+            "dr_grpo": "rl.grpo", "ppo": "rl.ppo", "es": "es.train"}[method.removesuffix("_lora")]
     return importlib.import_module(f"trainers.{name}")
 
 

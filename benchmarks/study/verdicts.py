@@ -40,7 +40,7 @@ import numpy as np
 
 from eval.passk import mean_std
 
-ES = ("es_full", "es_lowrank", "es_sampled")
+ES = ("es_full", "es_lowrank", "es_sampled", "es_lora")
 SIGNIFICANT = 0.05
 #: The hyperparameter each method's step size is (claim 3 compares grids over it).
 STEP_SIZE = {"es": "alpha", "rl": "lr"}
