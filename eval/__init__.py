@@ -82,7 +82,7 @@ def infer_method(config: dict[str, Any], run_name: str = "") -> str:
     records, else another explicit name, RL loss type or ES hyperparameters (runs of other
     code), else the run directory's name (``es-...``, ``grpo-...``); "(LoRA r=R)" added for a run
     that trained adapters."""
-    return with_adapters(_method_of(config, run_name), config)
+    return with_lora_label(_method_of(config, run_name), config)
 
 
 def _method_of(config: dict[str, Any], run_name: str) -> str:
@@ -96,7 +96,7 @@ def _method_of(config: dict[str, Any], run_name: str) -> str:
     return canonical_method(prefix, config) or "unknown"
 
 
-def with_adapters(method: str, config: dict[str, Any]) -> str:
+def with_lora_label(method: str, config: dict[str, Any]) -> str:
     """A run trained LoRA adapters (``lora_rank`` > 0 in its config): its method says so, e.g. "ES (LoRA r=8)"."""
     rank = config.get("lora_rank") or 0
     return f"{method} (LoRA r={rank})" if isinstance(rank, int) and rank > 0 else method

@@ -17,7 +17,7 @@ from trainers.common.models import load_model
 from trainers.engines.hf import HFEngine
 from trainers.engines.native import NativeEngine
 from trainers.es.noise import fullrank
-from trainers.es.noise.adapters import AdapterPopulation, params_of, select_layers
+from trainers.es.noise.adapters import AdapterPopulation, params_of, adapter_layers
 from trainers.es.noise.members import AdapterMembers, FullRankMember
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,7 +53,7 @@ def ids_of(tokenizer, n_rows: int = 1) -> torch.Tensor:
 def test_fresh_adapters_give_the_base_models_logits(tiny_model, tiny_tokenizer):
     ids = ids_of(tiny_tokenizer)
     model = with_lora(tiny_model)
-    assert len(select_layers(model)) == 2 * 7  # every attention and MLP projection of both layers
+    assert len(adapter_layers(model)) == 2 * 7  # every attention and MLP projection of both layers
     assert torch.equal(logits(model, ids), logits(tiny_model, ids))  # B = 0: exactly the base
     assert any(p.abs().sum() > 0 for n, p in adapters.adapter_parameters(model) if "lora_A" in n)
 
@@ -126,7 +126,7 @@ def test_native_refuses_targets_outside_its_projections():
 
 def test_an_es_perturbation_is_restored_bit_for_bit(tiny_model, tiny_tokenizer):
     model = with_lora(tiny_model, trained=True)
-    params = params_of(select_layers(model))
+    params = params_of(adapter_layers(model))
     before = [t.clone() for t in params.tensors]
     member = FullRankMember(params, seed=123, sigma=0.05, sign=-1.0)
     changed = False
@@ -136,11 +136,11 @@ def test_an_es_perturbation_is_restored_bit_for_bit(tiny_model, tiny_tokenizer):
         assert all(torch.equal(a, b) for a, b in zip(before, params.tensors))
     assert changed
     # the batched population never writes the weights, and leaves the model's own adapters on
-    pop = AdapterPopulation.of_members(params, select_layers(model), [5, 6], [1.0, -1.0], 0.05)
+    pop = AdapterPopulation.of_members(params, adapter_layers(model), [5, 6], [1.0, -1.0], 0.05)
     with pop.applied():
         logits(model, ids_of(tiny_tokenizer, 2))
     assert all(torch.equal(a, b) for a, b in zip(before, params.tensors))
-    assert all(not layer.module.disable_adapters for layer in select_layers(model))
+    assert all(not layer.module.disable_adapters for layer in adapter_layers(model))
 
 
 def per_member_logits(model, params, seeds, signs, sigma, ids):
@@ -155,7 +155,7 @@ def per_member_logits(model, params, seeds, signs, sigma, ids):
 @pytest.mark.parametrize("rank", [2, 8])  # the CPU's rank-1 sums and its bmm
 def test_the_population_batched_forward_equals_separate_forwards(rank, tiny_model, tiny_tokenizer):
     model = with_lora(tiny_model, rank=rank, trained=True)
-    layers = select_layers(model)
+    layers = adapter_layers(model)
     params = params_of(layers)
     seeds, signs, sigma, rows = [11, 11, 12, 13], [1.0, -1.0, 1.0, 1.0], 0.1, 2
     ids = ids_of(tiny_tokenizer, rows)
@@ -169,7 +169,7 @@ def test_the_population_batched_forward_equals_separate_forwards(rank, tiny_mode
 def test_the_population_is_batched_products_not_a_loop_over_members(tiny_model, tiny_tokenizer, monkeypatch):
     """Per layer, two bmm over all members at once (rank > 4 on CPU): as many calls for 8 members as for 2."""
     model = with_lora(tiny_model, rank=8, trained=True)
-    layers = select_layers(model)
+    layers = adapter_layers(model)
     params = params_of(layers)
     calls = {"n": 0}
     real = torch.bmm
@@ -192,7 +192,7 @@ def test_the_population_is_batched_products_not_a_loop_over_members(tiny_model, 
 def test_first_perturbations_change_the_output(tiny_model, tiny_tokenizer):
     """PEFT's start (B = 0, A random): noise on B moves the output at first order from iteration 1."""
     model = with_lora(tiny_model)
-    layers = select_layers(model)
+    layers = adapter_layers(model)
     params = params_of(layers)
     ids = ids_of(tiny_tokenizer, 1)
     with AdapterPopulation.of_members(params, layers, [1, 1], [1.0, -1.0], 0.05).applied():
@@ -205,7 +205,7 @@ def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, tiny_mode
     """A population call gives each member the greedy text of that member alone (the adapter written
     into the PEFT model and generated with hf), and plain generation is the PEFT model's."""
     model = with_lora(tiny_model, trained=True)
-    layers = select_layers(model)
+    layers = adapter_layers(model)
     params = params_of(layers)
     seeds, signs, sigma = [3, 3, 4], [1.0, -1.0, 1.0], 0.2
     reference = HFEngine(model, tiny_tokenizer)
@@ -533,7 +533,7 @@ def test_vllm_generates_with_the_adapter_merged_and_refuses_an_es_population(tin
     try:
         hf = HFEngine(model, tiny_tokenizer).generate(PROMPTS, max_new_tokens=8)
         assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == hf.token_ids
-        layers = select_layers(model)
+        layers = adapter_layers(model)
         with pytest.raises(TypeError, match="ES on adapters: use --engine native or hf"):
             engine.generate(PROMPTS * 2, max_new_tokens=4,
                             perturbation=AdapterMembers(params_of(layers), layers, [1, 2], [1.0, 1.0], 0.1))

@@ -65,8 +65,12 @@ class LoraOptions:
         return self.lora_rank > 0
 
     def check_lora(self) -> None:
-        """One-line errors for adapter options that contradict each other (``ConfigError`` via ``fail``)."""
-        from trainers.common.config import check
+        """One-line errors (``AdapterError``, naming the flag) for adapter options that are bad or
+        contradict each other."""
+
+        def check(condition: bool, name: str, message: str) -> None:
+            if not condition:
+                raise AdapterError(f"--{name.replace('_', '-')}: {message}")
 
         check(self.lora_rank >= 0, "lora_rank", f"must be >= 0 (0: no adapters), got {self.lora_rank}")
         if not self.lora:
@@ -316,7 +320,7 @@ def merged(model):
     return model.merge_and_unload()
 
 
-def describe(model) -> str:
+def start_text(model) -> str:
     """'rank R on N modules (k of the model's parameters trainable)' for start lines."""
     config = model.peft_config["default"]
     modules = sum(1 for n, _ in model.named_modules() if n.endswith(".lora_A.default"))

@@ -240,7 +240,10 @@ class TrainConfig(EngineOptions, LoraOptions):
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         check_engine(self)
-        self.check_lora()
+        try:
+            self.check_lora()
+        except AdapterError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def settle_runtime(cfg: TrainConfig, device: torch.device, broadcast=None, is_main: bool = True) -> Runtime:

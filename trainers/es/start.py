@@ -17,7 +17,7 @@ def start_lines(cfg, model, params: fullrank.Params, layers: list[lowrank.Layer]
     """The start line of an ES run, then its warnings."""
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
     if cfg.lora:
-        mode = f"{adapters.describe(model)}, full-rank noise on every factor, the population in one batched generation"
+        mode = f"{adapters.start_text(model)}, full-rank noise on every factor, the population in one batched generation"
     decoding = "greedy members" if cfg.temperature == 0 else (
         f"members sampled at temperature {cfg.temperature:g}{f', top-p {cfg.top_p:g}' if cfg.top_p < 1 else ''}, "
         f"{cfg.samples_per_prompt} per prompt")

@@ -312,7 +312,7 @@ def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list | None]:
     filtered by --param-filter, or the LoRA factors (--lora-rank); with fp32 masters of bf16/fp16
     tensors."""
     if cfg.lora:  # adapter factors: fp32 already (PEFT keeps adapters in fp32), their own masters
-        layers = adapter_noise.select_layers(model)
+        layers = adapter_noise.adapter_layers(model)
         return adapter_noise.params_of(layers, cfg.fp32_master), layers
     if cfg.noise == "lowrank":  # masters per tensor (Params): a model may mix fp32 and bf16 tensors
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)

@@ -186,7 +186,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
-    lora = f" in {adapters.describe(model)}" if cfg.lora else ""
+    lora = f" in {adapters.start_text(model)}" if cfg.lora else ""
     say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters{lora} ({runtime.precision.line()} compute, "
         f"fp32 master weights and optimizer), {prompts_per_step} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, engine {engine.name} "

@@ -49,7 +49,7 @@ class AdapterLayer:
     transposed: bool = False
 
 
-def select_layers(model: torch.nn.Module, adapter: str = "default") -> list[AdapterLayer]:
+def adapter_layers(model: torch.nn.Module, adapter: str = "default") -> list[AdapterLayer]:
     """Every LoRA layer of ``model`` holding ``adapter``, in the model's order (their index seeds
     their noise). A ``LayerError`` when the model has none."""
     from peft.tuners.lora import LoraLayer
@@ -78,7 +78,7 @@ def own_layers(model: torch.nn.Module) -> list[AdapterLayer]:
     that runs its own decode loop must add to the base's products."""
     if not hasattr(model, "peft_config"):
         return []
-    layers = select_layers(model, model.active_adapter)
+    layers = adapter_layers(model, model.active_adapter)
     return [] if any(getattr(layer.module, "disable_adapters", False) for layer in layers) else layers
 
 
