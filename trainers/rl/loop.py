@@ -149,7 +149,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     device = ranks.dist.device or cfg.device
     with ranks.dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
-                                       cfg.gradient_checkpointing, dtype, cfg, cfg.seed, cfg.model)
+                                       cfg.gradient_checkpointing, dtype, cfg, cfg.seed, cfg.model,
+                                       frozen_in_compute=not ranks.sharded)
     algorithm.adapt(cfg, model)  # PPO's critic adapter: part of the policy's model before copies and shards
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
     # On several processes the engine holds its own full copy, taken before the policy is sharded;
@@ -187,7 +188,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
     lora = f" in {adapters.start_text(model)}" if cfg.lora else ""
-    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters{lora} ({runtime.precision.line()} compute, "
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.{2 if cfg.lora else 1}f}M trainable parameters{lora} ({runtime.precision.line()} compute, "
         f"fp32 master weights and optimizer), {prompts_per_step} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, engine {engine.name} "
         f"({runtime.engine_why}), run dir {run.path}" + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
