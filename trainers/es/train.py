@@ -225,8 +225,8 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
     samples = sample_seeds(cfg, iteration, len(batch))
     start = time.perf_counter()
     if cfg.noise == "lowrank" or cfg.lora:
-        evaluate_batched(cfg, engine, scorer, params, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
-                         rewards, accuracy, tokens, clock, samples)
+        evaluate_batched(cfg, engine, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
+                         rewards, accuracy, tokens, clock, samples, params)
         if clock is not None:
             clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
@@ -242,15 +242,16 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
     return seeds, signs, rewards, accuracy, tokens
 
 
-def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, params, layers, batch, members, rewards, accuracy, tokens,
-                     clock: RunClock | None = None, samples: list[int] | None = None) -> None:
+def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, members, rewards, accuracy, tokens,
+                     clock: RunClock | None = None, samples: list[int] | None = None,
+                     params: fullrank.Params | None = None) -> None:
     """Low-rank mode and adapters: every (member, prompt, sample) triple is one row of one engine call, rows
     member-major; more calls only when the rows do not fit in memory (an engine that schedules
     its rows itself fits them all). ``--gen-batch-size`` caps the rows of every call: whole
     members while a member's P rows fit, else one member's rows split over calls. ``samples``: the
     sampling seed of each of a member's rows, the same for every member (None: greedy). Fills the
     per-member arrays in place, over all P rows of each member; with a ``clock``, a bar shows the
-    rows done."""
+    rows done. ``params``: the adapter factors (``--lora-rank``), whose members the rows evaluate."""
     batch = [e for e in batch for _ in range(cfg.samples_per_prompt)]  # a member's rows, prompt-major
     P = len(batch)
     if cfg.gen_batch_size:
