@@ -551,3 +551,21 @@ def test_es_on_adapters_refuses_the_vllm_engine_in_one_line(tiny_model_dir, tmp_
                  "--engine", "vllm"])
     assert "--engine vllm: ES on LoRA adapters (one adapter per member) is not supported" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+def test_the_adapter_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
+    """``benchmarks.memory.lora`` (issue 57's table) end to end on a tiny model: a smoke run, not a measurement."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "lora.json"
+    result = subprocess.run([sys.executable, "-m", "benchmarks.memory.lora", "--model", str(tiny_model_dir),
+                             "--group-size", "4", "--max-new-tokens", "6", "--cases", "grpo_lora8", "es_lora8", "plain",
+                             "--json", str(out)], capture_output=True, text=True, timeout=900,
+                            env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "es_lora8 batched generation speed / plain generation at the same rows" in result.stdout
+    results = json.loads(out.read_text())["results"]
+    lora = results["grpo_lora8"]
+    assert 0 < lora["trainable"] < 0.2 * lora["parameters"] and lora["peak_bytes"] > 0
+    assert results["plain"]["trainable"] == 0 and results["es_lora8"]["tokens"] == results["plain"]["tokens"]

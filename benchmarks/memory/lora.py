@@ -28,13 +28,10 @@ both generate N x P = G x P responses per step (``--group-size``), greedy for ES
 
 from __future__ import annotations
 
-import argparse
 import json
-import subprocess
-import sys
 import time
 
-from benchmarks.memory.peak import CpuPeak, rss_bytes
+from benchmarks.memory.peak import batch_arguments, batch_passthrough, in_fresh_processes, rss_bytes, start_peak
 from trainers.common.config import Parser
 
 CASES = ("grpo_full", "grpo_lora8", "grpo_lora64", "es_full", "es_lowrank", "es_lora8", "plain")
@@ -121,12 +118,7 @@ def child(args) -> dict:
             generated["seconds"] += time.perf_counter() - t0
 
     engine.generate = timed
-    peak = CpuPeak()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        peak.reset()
+    peak = start_peak(cuda)
     start = time.perf_counter()
     if case.startswith("grpo"):
         samples = sampling.sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens, 64, cfg.temperature,
@@ -143,11 +135,7 @@ def child(args) -> dict:
         if z is not None:
             es.update_weights(cfg, params, layers, *es.update_coefficients(seeds, signs, z, cfg.alpha))
         tokens = int(token_counts.sum())
-    if cuda:
-        torch.cuda.synchronize()
-        top = torch.cuda.max_memory_allocated()
-    else:
-        top, _ = peak.read()
+    top, _ = peak.read()
     n_params = sum(p.numel() for p in model.parameters())
     return {"case": case, "device": "cuda" if cuda else "cpu", "peak_bytes": top - base, "step_seconds":
             time.perf_counter() - start, "generate_seconds": generated["seconds"], "setup_seconds": setup_seconds,
@@ -182,34 +170,17 @@ def report(results: dict[str, dict], args) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     parser = Parser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="model (default: smollm2-135m)")
-    parser.add_argument("--env", default="Conciseness-v0", help="environment whose train prompts form the batch")
-    parser.add_argument("--prompts", type=int, default=2, help="prompts in the batch (default 2)")
-    parser.add_argument("--group-size", type=int, default=16, help="G of GRPO and N of ES (default 16)")
-    parser.add_argument("--max-new-tokens", type=int, default=48, help="generation budget (default 48)")
+    batch_arguments(parser, 16, CASES)
     parser.add_argument("--engine", default="auto", help="generation engine of every case (default auto)")
     parser.add_argument("--dtype", default="fp32", help="ES's and plain generation's dtype (default fp32; GRPO: fp32 "
                                                         "weights, this compute dtype on CUDA)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which cases (default: all)")
-    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--child", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
-    passthrough = ["--model", args.model, "--env", args.env, "--prompts", str(args.prompts), "--group-size",
-                   str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--engine", args.engine,
-                   "--dtype", args.dtype, *(["--device", args.device] if args.device else [])]
-    results = {}
-    for case in args.cases:
-        print(f"measuring {case} in a fresh process ...", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.memory.lora", *passthrough, "--child", case],
-                              capture_output=True, text=True)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            sys.exit(f"error: the {case} measurement failed:\n{proc.stderr[-3000:]}")
-        results[case] = json.loads(line[len("RESULT "):])
+    passthrough = [*batch_passthrough(args), "--engine", args.engine, "--dtype", args.dtype]
+    results = in_fresh_processes("benchmarks.memory.lora", passthrough, args.cases)
     print("\n".join(report(results, args)))
     if args.json:
         with open(args.json, "w") as f:
