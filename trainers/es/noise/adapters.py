@@ -57,7 +57,7 @@ def adapter_layers(model: torch.nn.Module, adapter: str = "default") -> list[Ada
     layers = []
     for name, module in model.named_modules():
         if isinstance(module, LoraLayer) and adapter in module.lora_A:
-            if getattr(module, "fan_in_fan_out", False) or not isinstance(module.lora_A[adapter], torch.nn.Linear):
+            if not isinstance(module.lora_A[adapter], torch.nn.Linear):  # (GPT-2's Conv1D: Linear factors too)
                 raise LayerError(f"--lora-rank: ES batches adapters of Linear layers; {name} is "
                                  f"{type(module.get_base_layer()).__name__}")
             A, B = module.lora_A[adapter].weight, module.lora_B[adapter].weight
