@@ -37,7 +37,7 @@ from trainers.common.config import Parser
 CASES = ("grpo_full", "grpo_lora8", "grpo_lora64", "es_full", "es_lowrank", "es_lora8", "plain")
 
 
-def state_bytes(model, optimizer=None, params=None, reference=None) -> int:
+def training_state_bytes(model, optimizer=None, params=None, reference=None) -> int:
     """Bytes of the training state: parameters (tied once), the gradients of the trainable ones (as
     they are between backward and the optimizer step), the optimizer's state, ES's fp32 masters and
     a separate reference model."""
@@ -139,7 +139,7 @@ def child(args) -> dict:
     n_params = sum(p.numel() for p in model.parameters())
     return {"case": case, "device": "cuda" if cuda else "cpu", "peak_bytes": top - base, "step_seconds":
             time.perf_counter() - start, "generate_seconds": generated["seconds"], "setup_seconds": setup_seconds,
-            "parameters": n_params, "trainable": trainable, "state_bytes": state_bytes(model, optimizer, params, ref),
+            "parameters": n_params, "trainable": trainable, "state_bytes": training_state_bytes(model, optimizer, params, ref),
             "tokens": tokens, "dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
 
 
