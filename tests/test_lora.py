@@ -569,3 +569,15 @@ def test_the_adapter_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
     lora = results["grpo_lora8"]
     assert 0 < lora["trainable"] < 0.2 * lora["parameters"] and lora["peak_bytes"] > 0
     assert results["plain"]["trainable"] == 0 and results["es_lora8"]["tokens"] == results["plain"]["tokens"]
+
+
+def test_es_on_adapters_on_two_processes_gives_one_process_numbers(tiny_model_dir, tmp_path):
+    """Members split over processes (each evaluates its share in one batched call): the same adapter, bit for bit."""
+    from tests.test_distributed_rl import ok, torchrun
+    from trainers.es import train as es
+
+    args = lambda out: es_args(tiny_model_dir, out, "--iterations", "3", "--eval-every", "0")  # noqa: E731
+    es.main(args(tmp_path / "one"))
+    result = ok(torchrun("-m", "trainers.es", *args(tmp_path / "two")))
+    assert "2 processes" in result.stdout
+    assert_same(adapter_weights(tmp_path / "one"), adapter_weights(tmp_path / "two"))
