@@ -80,7 +80,12 @@ def canonical_method(name: str, config: dict[str, Any] | None = None) -> str | N
 def infer_method(config: dict[str, Any], run_name: str = "") -> str:
     """The method of a trainer run from its config.yaml: the ``algorithm`` every trainer here
     records, else another explicit name, RL loss type or ES hyperparameters (runs of other
-    code), else the run directory's name (``es-...``, ``grpo-...``)."""
+    code), else the run directory's name (``es-...``, ``grpo-...``); "(LoRA r=R)" added for a run
+    that trained adapters."""
+    return with_lora_label(_method_of(config, run_name), config)
+
+
+def _method_of(config: dict[str, Any], run_name: str) -> str:
     for key in ("algorithm", "method", "trainer", "loss_type", "loss"):
         value = config.get(key)
         if isinstance(value, str) and canonical_method(value, config):
@@ -89,6 +94,12 @@ def infer_method(config: dict[str, Any], run_name: str = "") -> str:
         return "ES"
     prefix = re.split(r"[-_]", Path(run_name).name, maxsplit=1)[0]
     return canonical_method(prefix, config) or "unknown"
+
+
+def with_lora_label(method: str, config: dict[str, Any]) -> str:
+    """A run trained LoRA adapters (``lora_rank`` > 0 in its config): its method says so, e.g. "ES (LoRA r=8)"."""
+    rank = config.get("lora_rank") or 0
+    return f"{method} (LoRA r={rank})" if isinstance(rank, int) and rank > 0 else method
 
 
 def hparams_of(config: dict[str, Any], method: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks, pass_hat_ks
 from llm_envs.multiturn import is_multiturn
-from trainers.common import tracking
+from trainers.common import adapters, tracking
 from trainers.common.config import ConfigError, check, check_engine, check_tracking, env_kwargs, make_env
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
@@ -233,6 +233,32 @@ class LazyModel:
         return self._fingerprint
 
 
+def is_base_of_adapter(base: str, model: str) -> bool:
+    """Whether ``model`` is a LoRA adapter (a run trained with ``--lora-rank``) on ``base``."""
+    return adapters.is_adapter_dir(model) and adapters.base_name(base) == adapters.adapter_base(model)
+
+
+class AdaptersOff:
+    """The base model of an adapter run, for KL: the run's own loaded model with its adapters disabled
+    (``trainers.common.adapters.BaseOf``), no second copy of the weights. Its fingerprint (a cache
+    key) derives from the adapter model's, which covers the base weights."""
+
+    def __init__(self, model: LazyModel):
+        self.model, self.path = model, adapters.adapter_base(model.path)
+
+    @property
+    def runtime(self) -> dict[str, str]:
+        return self.model.runtime
+
+    def get(self) -> tuple[Any, Any]:
+        lm, tokenizer = self.model.get()
+        return adapters.BaseOf(lm), tokenizer
+
+    @property
+    def fingerprint(self) -> str:
+        return "adapters-off-" + hashlib.sha256(self.model.fingerprint.encode()).hexdigest()[:16]
+
+
 def _weights_stamp(path: str, dtype: str) -> str | None:
     """A cache key of a local model directory's files (names, sizes, mtimes) loaded in ``dtype``
     (the fingerprint hashes the loaded tensors); None for a model that is not a local directory."""
@@ -410,7 +436,8 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
                           f"is not measured yet")
     if cfg.kl_to:
         base_path = spec.base_model if cfg.kl_to == "base" else cfg.kl_to
-        base = model if base_path == spec.path else LazyModel(base_path, cfg.device, cache, cfg.dtype)
+        base = model if base_path == spec.path else AdaptersOff(model) if is_base_of_adapter(base_path, spec.path) \
+            else LazyModel(base_path, cfg.device, cache, cfg.dtype)
     out_dir = Path(cfg.out) if cfg.out else _default_out(spec)
     summaries = []
     tracker = start_tracking(cfg, spec, model, out_dir, env_id)

@@ -193,7 +193,7 @@ def test_every_trainers_folder_says_what_it_holds():
     folders = sorted(p.name for p in (ROOT / "trainers").iterdir() if (p / "__init__.py").is_file())
     assert folders == sorted(TRAINER_FOLDERS), folders
     flat = [p.name for p in (ROOT / "trainers").glob("*.py") if p.name != "__init__.py"]
-    assert sorted(flat) == ["grpo.py", "ppo.py", "sweep.py", "trl.py"], flat
+    assert sorted(flat) == ["grpo.py", "merge.py", "ppo.py", "sweep.py", "trl.py"], flat
 
 
 def test_benchmarks_folders_say_which_is_which():

@@ -308,7 +308,8 @@ def test_shipped_study_configs_parse():
     for path in configs:
         cfg = study.StudyConfig(**load_yaml(path))
         cfg.validate()
-        assert set(study.DEFAULT_METHODS) <= set(cfg.method_list), path
+        if not all(m.endswith("_lora") for m in cfg.method_list):  # an adapter pilot reads beside a full study
+            assert set(study.DEFAULT_METHODS) <= set(cfg.method_list), path
         assert 0.0 in cfg.grid("betas"), f"{path}: the RL grid needs a beta = 0 arm"
 
 

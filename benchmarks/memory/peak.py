@@ -76,6 +76,28 @@ class CpuPeak:
         return max(self.peak_sampled, rss_bytes()), "sampled RSS"
 
 
+def start_peak(cuda: bool):
+    """Reset the peak (CUDA's allocator's, or this process's resident set) and return what reads it:
+    ``.read()`` -> (peak bytes, how it was measured)."""
+    if cuda:
+        import torch
+
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        return CudaPeak()
+    peak = CpuPeak()
+    peak.reset()
+    return peak
+
+
+class CudaPeak:
+    def read(self) -> tuple[int, str]:
+        import torch
+
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
+
+
 def child(args) -> dict:
     """Set up and run one step of ``args.child`` in this process; returns the measurements."""
     import torch
@@ -127,12 +149,7 @@ def child(args) -> dict:
     setup = (rss_bytes() if not cuda else torch.cuda.memory_allocated()) - base
 
     # ----- one step, measured -----
-    peak = CpuPeak()
-    if cuda:
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-    else:
-        peak.reset()
+    peak = start_peak(cuda)
     start = time.perf_counter()
     if args.child == "es":
         seeds, signs, rewards, _, tokens = es.es_iteration(cfg, 1, engine, scorer, params, layers, prompts)
@@ -145,11 +162,7 @@ def child(args) -> dict:
                                   cfg.gen_batch_size, cfg.temperature, seed=0)
         algo.update(algo.prepare(samples), optimizer)
         responses, reward = len(samples), float(samples.rewards.mean())
-    if cuda:
-        torch.cuda.synchronize()
-        top, how = torch.cuda.max_memory_allocated(), "torch.cuda.max_memory_allocated"
-    else:
-        top, how = peak.read()
+    top, how = peak.read()
     n_params = sum(p.numel() for p in model.parameters())
     return {"algorithm": args.child, "peak_bytes": top - base, "setup_bytes": setup, "method": how,
             "device": "cuda" if cuda else "cpu", "parameters": n_params, "responses": responses,
@@ -159,39 +172,56 @@ def child(args) -> dict:
 # ----- the report ---------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None) -> None:
-    parser = Parser(description=__doc__.split("\n\n")[0])
+def batch_arguments(parser, group_size: int, cases) -> None:
+    """The options of the measured batch, where and the output, shared by this command and ``lora.py``
+    (``--child CASE``: the process that measures one case)."""
     parser.add_argument("--model", default="smollm2-135m", help="model (default: smollm2-135m)")
     parser.add_argument("--env", default="Conciseness-v0", help="environment whose train prompts form the batch")
     parser.add_argument("--prompts", type=int, default=2, help="prompts in the batch (default 2)")
-    parser.add_argument("--group-size", type=int, default=8, help="G for GRPO/PPO and N for ES (default 8)")
+    parser.add_argument("--group-size", type=int, default=group_size, help=f"G for GRPO/PPO and N for ES (default {group_size})")
     parser.add_argument("--max-new-tokens", type=int, default=48, help="generation budget (default 48)")
+    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
+    parser.add_argument("--json", help="also write the results to this file")
+    parser.add_argument("--child", choices=cases, help=argparse.SUPPRESS)
+
+
+def batch_passthrough(args) -> list[str]:
+    """``batch_arguments``' options as the measuring processes get them."""
+    return ["--model", args.model, "--env", args.env, "--prompts", str(args.prompts), "--group-size",
+            str(args.group_size), "--max-new-tokens", str(args.max_new_tokens),
+            *(["--device", args.device] if args.device else [])]
+
+
+def in_fresh_processes(module: str, passthrough: list[str], cases) -> dict[str, dict]:
+    """``python -m module PASSTHROUGH --child CASE`` for each case, one fresh process each (peak
+    memory does not mix): the RESULT line each prints, by case; exits with the stderr of one that fails."""
+    results = {}
+    for case in cases:
+        print(f"measuring {case} in a fresh process ...", file=sys.stderr, flush=True)
+        proc = subprocess.run([sys.executable, "-m", module, *passthrough, "--child", case], capture_output=True, text=True)
+        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
+        if proc.returncode != 0 or line is None:
+            sys.exit(f"error: the {case} measurement failed:\n{proc.stderr[-3000:]}")
+        results[case] = json.loads(line[len("RESULT "):])
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    batch_arguments(parser, 8, ALGORITHMS)
     parser.add_argument("--gen-batch-size", type=int, default=32, help="sequences per generate() call")
     parser.add_argument("--gradient-checkpointing", action="store_true", help="for the RL steps")
     parser.add_argument("--shared-critic", action="store_true", help="PPO: the value head on the policy's trunk "
                                                                      "(default: a separate critic model)")
-    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda if available)")
-    parser.add_argument("--json", help="also write the results to this file")
-    parser.add_argument("--child", choices=ALGORITHMS, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
 
-    results = {}
-    passthrough = ["--model", args.model, "--env", args.env, "--prompts", str(args.prompts), "--group-size",
-                   str(args.group_size), "--max-new-tokens", str(args.max_new_tokens), "--gen-batch-size",
-                   str(args.gen_batch_size), *(["--device", args.device] if args.device else []),
+    passthrough = [*batch_passthrough(args), "--gen-batch-size", str(args.gen_batch_size),
                    *(["--gradient-checkpointing"] if args.gradient_checkpointing else []),
                    *(["--shared-critic"] if args.shared_critic else [])]
-    for algo in ALGORITHMS:
-        print(f"measuring {algo} in a fresh process ...", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.memory.peak", *passthrough, "--child", algo],
-                              capture_output=True, text=True)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if proc.returncode != 0 or line is None:
-            sys.exit(f"error: the {algo} measurement failed:\n{proc.stderr[-3000:]}")
-        results[algo] = json.loads(line[len("RESULT "):])
+    results = in_fresh_processes("benchmarks.memory.peak", passthrough, ALGORITHMS)
 
     es_peak = results["es"]["peak_bytes"]
     mib = 2 ** 20

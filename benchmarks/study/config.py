@@ -15,12 +15,16 @@ from trainers.common.splits import MIN_VALIDATION
 from trainers.engines import ENGINE_FIELDS, ENGINES, EngineOptions
 from trainers.engines.options import ENGINES_HELP
 
-METHODS = ("es_full", "es_lowrank", "es_sampled", "grpo", "dr_grpo", "ppo")
+METHODS = ("es_full", "es_lowrank", "es_sampled", "grpo", "dr_grpo", "ppo",
+           "es_lora", "grpo_lora", "dr_grpo_lora", "ppo_lora")
 #: The methods a study runs unless --methods names others (es_sampled is the optional one).
 DEFAULT_METHODS = ("es_full", "es_lowrank", "grpo", "dr_grpo", "ppo")
 #: How tables and plots name each method.
 LABELS = {"es_full": "ES (full-rank)", "es_lowrank": "ES (low-rank)", "es_sampled": "ES (low-rank, sampled)",
-          "grpo": "GRPO", "dr_grpo": "Dr.GRPO", "ppo": "PPO"}
+          "grpo": "GRPO", "dr_grpo": "Dr.GRPO", "ppo": "PPO", "es_lora": "ES (LoRA)", "grpo_lora": "GRPO (LoRA)",
+          "dr_grpo_lora": "Dr.GRPO (LoRA)", "ppo_lora": "PPO (LoRA)"}
+#: The options of the adapter methods (``*_lora``): part of a study's identity only when it runs one.
+LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_sigmas", "lora_lrs")
 #: The study's default engine: native where it runs (no start-up cost, and 1.2-5x HF on this CPU),
 #: else hf; vLLM generates faster but takes ~20 s to start for each training run and evaluation.
 AUTO_ENGINE = "auto"
@@ -43,13 +47,22 @@ class StudyConfig(EngineOptions):
                                                             "running again with the same --out resumes"})
     methods: str = field(default=",".join(DEFAULT_METHODS), metadata={
         "help": f"comma-separated subset of {', '.join(METHODS)} (es_sampled: low-rank ES whose members are "
-                f"measured on --es-samples sampled responses per prompt)"})
+                f"measured on --es-samples sampled responses per prompt; *_lora: the method on LoRA adapters of "
+                f"--lora-rank, ES with --lowrank-population members in one batched generation)"})
     sigmas: str = field(default="5e-4,1e-3", metadata={"help": "ES sigma grid, one setting each"})
     alpha_ratios: str = field(default="0.5", metadata={"help": "ES alpha = ratio x sigma, a grid (the paper's "
                                                                  "Conciseness: 0.5); with several, sigma x ratio"})
     population: int = field(default=8, metadata={"help": "N of full-rank ES"})
     lowrank_population: int = field(default=32, metadata={"help": "N of low-rank ES (one batched generation per iteration)"})
     rank: int = field(default=1, metadata={"help": "R of low-rank ES"})
+    lora_rank: int = field(default=8, metadata={"help": "*_lora methods: the adapters' rank"})
+    lora_alpha: float | None = field(default=None, metadata={"help": "*_lora methods: LoRA alpha (default: 2 x rank)"})
+    lora_targets: str | None = field(default=None, metadata={"help": "*_lora methods: adapted modules (default: every "
+                                                                     "attention and MLP projection)"})
+    lora_sigmas: str | None = field(default=None, metadata={"help": "es_lora: sigma grid (default: --sigmas; adapter "
+                                                                    "factors need larger ones than weights)"})
+    lora_lrs: str | None = field(default=None, metadata={"help": "*_lora RL methods: learning-rate grid (default: "
+                                                                 "--lrs; adapters take larger ones than full weights)"})
     es_samples: int = field(default=4, metadata={"help": "es_sampled: sampled responses per prompt and member"})
     es_temperature: float = field(default=1.0, metadata={"help": "es_sampled: members' sampling temperature"})
     mirrored: bool = field(default=True, metadata={"help": "ES antithetic pairs"})
@@ -126,6 +139,11 @@ class StudyConfig(EngineOptions):
             check(getattr(self, name) >= 2, name, "must be >= 2")
             check(not self.mirrored or getattr(self, name) % 2 == 0, name, "must be even with --mirrored")
         check(self.rank >= 1, "rank", "must be >= 1")
+        check(self.lora_rank >= 1, "lora_rank", "must be >= 1 (the *_lora methods' adapters)")
+        check(self.lora_alpha is None or self.lora_alpha > 0, "lora_alpha", "must be > 0")
+        for name in ("lora_sigmas", "lora_lrs"):
+            if getattr(self, name) is not None:
+                check(all(v > 0 and math.isfinite(v) for v in self.grid(name)), name, "must be positive numbers")
         check(self.grad_accum >= 1, "grad_accum", "must be >= 1")
         check(self.group_size >= 2, "group_size", "must be >= 2 (GRPO's advantages are relative to the group)")
         check(self.batch_size is None or self.batch_size >= 1, "batch_size", "must be >= 1")
@@ -150,7 +168,13 @@ class StudyConfig(EngineOptions):
     def method_list(self) -> list[str]:
         return [m.strip() for m in self.methods.split(",") if m.strip()]
 
+    @property
+    def uses_lora(self) -> bool:
+        return any(m.endswith("_lora") for m in self.method_list)
+
     def grid(self, name: str) -> list[float]:
+        if name in ("lora_sigmas", "lora_lrs") and getattr(self, name) is None:
+            name = name.removeprefix("lora_")  # the full-weight methods' grid
         try:
             return [float(v) for v in getattr(self, name).split(",") if v.strip()]
         except ValueError:
@@ -185,7 +209,8 @@ def identity(cfg: StudyConfig) -> dict[str, Any]:
     happen and how their memory is split (``INVOCATION``), and what the checks accept, are not among them."""
     # what the checks accept, and the curves that extend a finished grid, are not what the grid's runs are
     checks = ("unequal_budgets", "min_val_prompts", "curve_budgets")
-    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION)}
+    lora = () if cfg.uses_lora else LORA_OPTIONS  # a study without adapter methods keeps the identity it had
+    return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION, *lora)}
 
 
 def changed_options(previous: dict[str, Any], own: dict[str, Any]) -> list[str]:

@@ -40,11 +40,13 @@ def setting_name(method: str, hparams: dict[str, float], alpha_in_name: bool = T
 
 def settings(cfg: StudyConfig, method: str) -> list[tuple[str, dict[str, float]]]:
     """The grid points of ``method``: (name, hyperparameters)."""
+    lora = method.endswith("_lora")
     if method.startswith("es_"):
-        ratios = cfg.grid("alpha_ratios")
-        points = [{"sigma": s, "alpha": r * s} for s in cfg.grid("sigmas") for r in ratios]
+        ratios, sigmas = cfg.grid("alpha_ratios"), cfg.grid("lora_sigmas" if lora else "sigmas")
+        points = [{"sigma": s, "alpha": r * s} for s in sigmas for r in ratios]
         return [(setting_name(method, hp, len(ratios) > 1), hp) for hp in points]
-    points = [{"beta": b, "lr": lr} for b in cfg.grid("betas") for lr in cfg.grid("lrs")]
+    lrs = cfg.grid("lora_lrs" if lora else "lrs")
+    points = [{"beta": b, "lr": lr} for b in cfg.grid("betas") for lr in lrs]
     return [(setting_name(method, hp), hp) for hp in points]
 
 
@@ -86,7 +88,7 @@ def per_step(cfg: StudyConfig, method: str, prompts: int) -> int:
     """Responses one iteration (ES) or one sampled batch (RL) of ``method`` generates."""
     if method == "es_full":
         return cfg.population * prompts
-    if method == "es_lowrank":
+    if method in ("es_lowrank", "es_lora"):
         return cfg.lowrank_population * prompts
     if method == "es_sampled":
         return cfg.lowrank_population * prompts * cfg.es_samples
@@ -167,19 +169,25 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
             argv += [f"--{name.replace('_', '-')}", str(getattr(cfg, name))]
     steps = budget // per_step(cfg, run.method, prompts)
     hp = {k: repr(v) for k, v in run.hparams.items()}
+    if run.method.endswith("_lora"):  # the method on adapters: --lora-rank and its companions
+        argv += ["--lora-rank", str(cfg.lora_rank)]
+        argv += ["--lora-alpha", repr(cfg.lora_alpha)] if cfg.lora_alpha is not None else []
+        argv += ["--lora-targets", cfg.lora_targets] if cfg.lora_targets is not None else []
     if run.method.startswith("es_"):
         lowrank = run.method in ("es_lowrank", "es_sampled")
+        batched = lowrank or run.method == "es_lora"  # the whole population in one generation
         every = checkpoint_every or max(1, steps)  # resume replays the seeds
         argv += ["--iterations", str(steps), "--checkpoint-every", str(every),
-                 "--population", str(cfg.lowrank_population if lowrank else cfg.population),
+                 "--population", str(cfg.lowrank_population if batched else cfg.population),
                  "--sigma", hp["sigma"], "--alpha", hp["alpha"], "--mirrored", str(cfg.mirrored),
-                 "--noise", "lowrank" if lowrank else "full", "--rank", str(cfg.rank)]
+                 "--noise", "lowrank" if lowrank else "full"]
+        argv += ["--rank", str(cfg.rank)] if lowrank or run.method == "es_full" else []
         if run.method == "es_sampled":
             argv += ["--temperature", repr(cfg.es_temperature), "--samples-per-prompt", str(cfg.es_samples)]
     else:
         argv += ["--steps", str(steps), "--checkpoint-every", str(checkpoint_every or quarter(steps)), "--group-size",
                  str(cfg.group_size), "--beta", hp["beta"], "--lr", hp["lr"], "--grad-accum", str(cfg.grad_accum)]
-        argv += ["--loss", "dr_grpo"] if run.method == "dr_grpo" else []
+        argv += ["--loss", "dr_grpo"] if run.method.removesuffix("_lora") == "dr_grpo" else []
     return argv
 
 
@@ -202,7 +210,7 @@ def trainer_of(method: str):
     import importlib
 
     name = {"es_full": "es.train", "es_lowrank": "es.train", "es_sampled": "es.train", "grpo": "rl.grpo",
-            "dr_grpo": "rl.grpo", "ppo": "rl.ppo"}[method]
+            "dr_grpo": "rl.grpo", "ppo": "rl.ppo", "es": "es.train"}[method.removesuffix("_lora")]
     return importlib.import_module(f"trainers.{name}")
 
 

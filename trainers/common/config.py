@@ -27,7 +27,8 @@ import torch
 import yaml
 
 import llm_envs
-from trainers.common import distributed, precision, runtime
+from trainers.common import adapters, distributed, precision, runtime
+from trainers.common.adapters import AdapterError, LoraOptions
 from trainers.common.cli import Parser  # noqa: F401  (every command's parser; imported from here too)
 from trainers.common.precision import DTYPE_CHOICES
 from trainers.common.run_dir import RunDirError, recorded_runtime
@@ -217,10 +218,11 @@ def make_env(env_id: str, env_args: str | dict[str, Any] | None = None, splits: 
 
 
 @dataclass
-class TrainConfig(EngineOptions):
+class TrainConfig(EngineOptions, LoraOptions):
     """The options every trainer has (ES, GRPO, PPO): the generation engine, what to train on,
-    where the run lives, the held-out evaluation, checkpoints and the sample budget. Trainers add
-    their own fields, and each sets ``algorithm``."""
+    where the run lives, the held-out evaluation, checkpoints, the sample budget and LoRA adapters
+    (``LoraOptions``: ``--lora-rank`` and its companions). Trainers add their own fields, and each
+    sets ``algorithm``."""
 
     #: What config.yaml records as ``algorithm:`` (es / grpo / dr_grpo / ppo), the key tables and
     #: plots label a run by. Each trainer's config fixes it (from ``--loss`` for GRPO): no flag
@@ -275,6 +277,10 @@ class TrainConfig(EngineOptions):
         check(self.eval_every >= 0 and self.checkpoint_every >= 1, "eval_every", "eval_every >= 0, checkpoint_every >= 1")
         env_kwargs(self.env_args)  # validates: a JSON object or nothing
         check_engine(self)
+        try:
+            self.check_lora()
+        except AdapterError as exc:
+            raise ConfigError(str(exc)) from None
 
 
 def check_tracking(report_to: str | None) -> None:
@@ -297,7 +303,25 @@ def settle_runtime(cfg: TrainConfig, device: torch.device, broadcast=None, is_ma
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     cfg.dtype = resolved.dtype
+    if cfg.lora and not cfg.resume:  # a --lora-targets typo, or adapters an engine cannot run, end here
+        check_adapters(cfg, resolved.engine)
     return resolved
+
+
+def check_adapters(cfg: LoraOptions, engine: str) -> None:
+    """``--lora-targets`` against the model's modules (its config alone), and the adapters against
+    ``engine``: one ``ConfigError`` line naming what to change."""
+    from trainers.common.models import model_config
+    from trainers.engines.adapters import engine_refuses
+
+    try:
+        config = model_config(cfg.model)
+        adapters.check_targets(config, cfg)
+    except AdapterError as exc:
+        raise ConfigError(str(exc)) from None
+    why = engine_refuses(engine, cfg, es=getattr(cfg, "algorithm", None) == "es")
+    if why:
+        raise ConfigError(why)
 
 
 def to_dict(config: Any) -> dict[str, Any]:
@@ -312,7 +336,7 @@ def to_dict(config: Any) -> dict[str, Any]:
 #: The errors a command reports in one line (bad options, run directories, data files, models
 #: that cannot load, an engine that cannot run here), never as a traceback.
 USER_ERRORS = (ConfigError, RunDirError, llm_envs.DataError, OSError, EngineUnavailable, LayerError,
-               precision.PrecisionError)
+               precision.PrecisionError, AdapterError)
 
 
 def fail(message: str) -> typing.NoReturn:

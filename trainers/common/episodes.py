@@ -36,7 +36,7 @@ from llm_envs.multiturn import TurnExample, TurnScore
 from trainers.engines.base import Engine
 from trainers.engines.generation import END_OF_TURN_TOKENS, TokenIds, encode_prompts
 from trainers.engines.sampling import Seeds, row_seeds
-from trainers.es.noise.members import LowRankMembers, Perturbation
+from trainers.es.noise.members import BATCHED, LowRankMembers, Perturbation
 
 _DUMMY = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "x"}]
 
@@ -111,9 +111,7 @@ def _lowrank_call(perturbation: LowRankMembers, rows: int, active: list[int]) ->
     width = max(len(v) for v in by_member.values())
     members = sorted(by_member)
     call_rows = [own[k % len(own)] for m in members for own in [by_member[m]] for k in range(width)]
-    sub = LowRankMembers(perturbation.layers, [perturbation.seeds[m] for m in members],
-                         [perturbation.signs[m] for m in members], perturbation.sigma, perturbation.rank)
-    return call_rows, sub
+    return call_rows, perturbation.subset(members)
 
 
 def run_episodes(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], max_new_tokens: int,
@@ -135,7 +133,7 @@ def run_episodes(engine: Engine, scorer: BatchScorer, examples: Sequence[Example
     turn = 0
     while active:
         rows, call_pert = active, perturbation
-        if isinstance(perturbation, LowRankMembers):
+        if isinstance(perturbation, BATCHED):
             rows, call_pert = _lowrank_call(perturbation, len(episodes), active)
         left = {r: min(max_new_tokens, budget - len(episodes[r].ids)) for r in active}
         out = engine.generate([TokenIds(episodes[r].prompt_ids + episodes[r].ids) for r in rows],

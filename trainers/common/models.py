@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from trainers.common import adapters
 from trainers.common.default_model import (ALIASES, CHATML_TEMPLATE, DEFAULT_MODEL, SMOLLM2_CACHE_NAME,  # noqa: F401
                                            cache_dir, detach_quantizer, ensure_default_model, first_line, load_gguf)
 from trainers.common.files import atomic_directory
@@ -66,6 +67,8 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     name = os.fspath(DEFAULT_MODEL if name_or_path is None else name_or_path)
     if not name or not isinstance(name, str):
         raise ValueError(f"invalid model name {name_or_path!r}")
+    if adapters.is_adapter_dir(name):  # a PEFT adapter (a LoRA run's final/ or checkpoint): its base + it
+        return _load_adapter_dir(Path(name).expanduser(), dev, dtype, verbose)
     # auto: the model's own layer shapes decide, from its config (a config that cannot be found
     # leaves the error to the load below, which says what it tried)
     config = None
@@ -109,6 +112,23 @@ def load_model(name_or_path: str | os.PathLike | None = DEFAULT_MODEL, device: s
     return model, tok
 
 
+def _load_adapter_dir(path: Path, device: torch.device, dtype: Any, verbose: bool):
+    """The base model an adapter directory names, with the adapter loaded (PEFT), and the tokenizer
+    saved beside the adapter (else the base's)."""
+    model, tok = load_model(adapters.adapter_base(path), device=device, dtype=dtype, verbose=verbose)
+    try:
+        model = adapters.load_adapter(model, path)
+    except Exception as e:  # noqa: BLE001 - re-raised with the adapter named
+        raise OSError(f"adapter {str(path)!r}: could not load it onto its base: {type(e).__name__}: {first_line(e)}") from e
+    if (path / "tokenizer_config.json").is_file():
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path)
+        _prepare_tokenizer(tok, model)
+    model.eval()
+    return model, tok
+
+
 def model_config(model: Any):
     """The ``transformers`` config of ``model`` without its weights (the one lookup of a model's
     shapes: ``trainers.common.runtime``): a loaded model's or a config's own; the default model's
@@ -122,6 +142,8 @@ def model_config(model: Any):
     if not isinstance(model, (str, os.PathLike)):
         return model.config
     name = os.fspath(model)
+    if adapters.is_adapter_dir(name):  # an adapter has its base's shapes
+        return model_config(adapters.adapter_base(name))
     if name.lower() in ALIASES:
         return AutoConfig.from_pretrained(ensure_default_model(verbose=False))
     if _looks_local(name):
@@ -246,7 +268,7 @@ def save_model(model, tokenizer, path: str | os.PathLike, extra: Callable[[Path]
     save killed half-way leaves the old one (or none). ``extra(directory)`` adds files of its own
     (a checkpoint's trainer state) before the directory appears. ``state_dict``: the weights to
     write instead of the model's own (a sharded model's, gathered)."""
-    detach_quantizer(model)
+    detach_quantizer(model.get_base_model() if adapters.has_adapters(model) else model)
     with atomic_directory(path) as tmp:
         model.save_pretrained(tmp, **({"state_dict": state_dict} if state_dict is not None else {}))
         if tokenizer is not None:

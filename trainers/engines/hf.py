@@ -2,7 +2,9 @@
 
 Perturbations act on the model: a full-rank member is written into its weights in place and
 restored exactly afterwards (``noise.perturb`` / ``noise.restore``); low-rank members are forward
-hooks that add each member's ``x E_k^T`` to its own rows (``lowrank.Population``).
+hooks that add each member's ``x E_k^T`` to its own rows (``lowrank.Population``), and a population
+of LoRA adapters hooks that add each member's adapter to its own rows, the model's own adapter off
+(``adapters.AdapterPopulation``). A PEFT model otherwise generates as PEFT runs it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import contextlib
 from trainers.engines.base import ModelWeightsEngine
 from trainers.engines.generation import GenerationResult, generate
 from trainers.es.noise import lowrank
-from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise.adapters import AdapterPopulation
+from trainers.es.noise.members import BATCHED, AdapterMembers, FullRankMember, LowRankMembers, Perturbation
 
 
 class HFEngine(ModelWeightsEngine):
@@ -24,7 +27,7 @@ class HFEngine(ModelWeightsEngine):
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
                  perturbation: Perturbation | None = None) -> GenerationResult:
         rows = len(prompts) * num_return_sequences
-        if isinstance(perturbation, LowRankMembers):  # the hooks need the member-major rows in one batch
+        if isinstance(perturbation, BATCHED):  # the hooks need the member-major rows in one batch
             batch_size, sort = max(1, rows), False
         with self._perturbed(perturbation, rows), self._autocast():
             return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
@@ -42,6 +45,10 @@ class HFEngine(ModelWeightsEngine):
         elif isinstance(p, LowRankMembers):
             p.rows_per_member(rows)  # rows must be member-major, equally many per member
             with lowrank.Population(p.layers, p.seeds, p.signs, p.sigma, p.rank).applied():
+                yield
+        elif isinstance(p, AdapterMembers):
+            p.rows_per_member(rows)
+            with AdapterPopulation.of_members(p.params, p.layers, p.seeds, p.signs, p.sigma).applied():
                 yield
         else:
             raise TypeError(f"unknown perturbation {type(p).__name__}")

@@ -16,6 +16,8 @@ checkpoint they came from.
   weights are the master bit for bit afterwards.
 - **Low-rank members**: every row of every member in one call; ``vllm_lowrank.py`` adds member
   k's ``x E_k^T`` to the tokens of member k's requests inside vLLM's fused linear layers.
+- **LoRA adapters** (a PEFT model): generation loads the merged weights W + scale B A
+  (``adapters.merged_weights``); an ES population of adapters is refused (``adapters.py``).
 - **No prefix caching**: cached keys and values belong to the weights that computed them, and
   the weights change between calls (and between the members of one call).
 
@@ -129,6 +131,10 @@ class VLLMEngine(Engine):
         self._load(weights if weights is not None else ((name, p.detach()) for name, p in self._named_parameters()))
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        if hasattr(self.model, "peft_config"):  # LoRA adapters: merged into the base's weights (engines/adapters.py)
+            from trainers.engines.adapters import merged_weights
+
+            return list(merged_weights(self.model))
         return list(self.model.named_parameters())  # tied weights once, as vLLM's loader expects
 
     def _load(self, weights: Iterator[tuple[str, torch.Tensor]]) -> None:
@@ -173,7 +179,7 @@ class VLLMEngine(Engine):
             with LowRankHooks(self, p).applied():
                 yield [k // per_member for k in range(rows)]
         else:
-            raise TypeError(f"unknown perturbation {type(p).__name__}")
+            raise TypeError(f"--engine vllm cannot evaluate {type(p).__name__} (ES on adapters: use --engine native or hf)")
 
     # ----- generation ----------------------------------------------------------------------------
 

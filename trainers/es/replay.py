@@ -16,7 +16,7 @@ from trainers.common.config import ConfigError, Parser, build_config, fail, load
 from trainers.common.models import load_model, save_model
 from trainers.common.run_dir import read_jsonl, recorded_dtype
 from trainers.es.update_log import NOISE_DEVICE_FILE, UPDATES_FILE, check_noise_device
-from trainers.es.train import ESConfig, perturbable, replay
+from trainers.es.train import ESConfig, perturbable, replay, with_adapters
 
 
 def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | None = None):
@@ -33,6 +33,7 @@ def rebuild(run_dir: str | Path, iteration: int | None = None, device: str | Non
     except ValueError as exc:  # e.g. a CUDA run replayed where there is no CUDA
         raise ConfigError(f"{run_dir}: {exc}") from None
     check_noise_device(run_dir, next(model.parameters()).device)
+    model = with_adapters(model, cfg)  # the adapters' start is drawn from the run seed too
     replay(cfg, *perturbable(model, cfg), updates)
     return model, tokenizer, (updates[-1]["iteration"] if updates else 0)
 

@@ -3,6 +3,7 @@ noise, population, engine), and warnings about settings that lose part of what t
 
 from __future__ import annotations
 
+from trainers.common import adapters
 from trainers.common.precision import Decision
 from trainers.es.noise import fullrank, lowrank
 
@@ -15,6 +16,8 @@ def start_lines(cfg, model, params: fullrank.Params, layers: list[lowrank.Layer]
                 engine: str, run_dir, world: int, per_iteration: int) -> list[str]:
     """The start line of an ES run, then its warnings."""
     mode = f"low-rank R={cfg.rank} noise on {len(layers)} linear layers" if layers else "full-rank noise"
+    if cfg.lora:
+        mode = f"{adapters.start_text(model)}, full-rank noise on every factor, the population in one batched generation"
     decoding = "greedy members" if cfg.temperature == 0 else (
         f"members sampled at temperature {cfg.temperature:g}{f', top-p {cfg.top_p:g}' if cfg.top_p < 1 else ''}, "
         f"{cfg.samples_per_prompt} per prompt")
@@ -29,7 +32,7 @@ def start_lines(cfg, model, params: fullrank.Params, layers: list[lowrank.Layer]
         lines.append(f"warning: full-rank members in {cfg.dtype} at sigma {cfg.sigma:g}: the cast to {cfg.dtype} rounds "
                      f"away part of each member's perturbation (SmolLM2 at 5e-4: the realised one correlates 0.81 with "
                      f"the intended, docs/es.md); --dtype fp32 keeps all of it")
-    if layers and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
+    if layers and not cfg.lora and cfg.param_filter is None and share < lowrank.SMALL_SHARE:
         lines.append(f"warning: low-rank noise perturbs only {share:.1%} of this model's parameters: it perturbs "
                      f"nn.Linear / Conv1D weights, and the rest (fused 3-D MoE experts, embeddings, ...) keeps its base "
                      f"values; --noise full perturbs every parameter")

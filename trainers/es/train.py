@@ -10,6 +10,11 @@ by tensor (1/sigma is folded into alpha, as in the paper).
 the weights are never touched during evaluation, and all N members generate in ONE batched call,
 each on its own rows (``trainers/es/noise/lowrank.py``). Same z-scores, same alpha and sigma.
 
+``--lora-rank R`` trains LoRA adapters instead of the weights: members perturb every adapter factor
+(fp32) with Gaussian noise and the whole population generates in one batched call, member n's
+adapter on its own rows (``trainers/es/noise/adapters.py``); the update and the seeds are the
+full-rank ones, on the adapter factors only.
+
 ``--temperature T > 0`` measures members on sampled responses instead of greedy ones (the paper's
 future work): ``--samples-per-prompt K`` responses per prompt, a member's fitness the mean over
 them. Every member draws with the same sample seeds, derived from (run seed, iteration, prompt,
@@ -18,6 +23,7 @@ sample), so members are compared on common random numbers and mirrored pairs sha
     python -m trainers.es --env Sudoku-v0
     python -m trainers.es --config benchmarks/configs/es_conciseness_cpu.yaml
     python -m trainers.es --env Countdown-v0 --noise lowrank --rank 1 --population 64
+    python -m trainers.es --env Countdown-v0 --lora-rank 8 --sigma 0.01 --alpha 0.005 --population 32
     python -m trainers.es --resume runs/es-Sudoku-v0-...      # continue a killed run
     torchrun --nproc-per-node 2 -m trainers.es ...            # members split across processes
     accelerate launch --num_processes 2 -m trainers.es ...    # the same
@@ -60,8 +66,9 @@ from trainers.engines import make_engine
 from trainers.common.progress import bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
-from trainers.es.noise import fullrank, lowrank
-from trainers.es.noise.members import FullRankMember, LowRankMembers
+from trainers.common import adapters
+from trainers.es.noise import adapters as adapter_noise, fullrank, lowrank
+from trainers.es.noise.members import AdapterMembers, FullRankMember, LowRankMembers
 from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_fit
 
 #: Keeps members' sample seeds apart from every other use of the run seed.
@@ -127,6 +134,14 @@ class ESConfig(TrainConfig):
         if self.engine == "vllm" and self.noise == "lowrank":  # its hooks run only outside compiled graphs
             check(self.vllm_eager is not False, "vllm_eager", "must be true with --noise lowrank on --engine vllm")
             self.vllm_eager = True
+        if self.lora:  # the adapter factors are what ES perturbs (trainers/es/noise/adapters.py)
+            check(self.noise == "full", "noise", "lowrank does not apply with --lora-rank: ES perturbs every adapter "
+                  "factor (noise on a rank-R adapter already is a perturbation of W of rank <= 2R)")
+            check(not self.shared_noise, "shared_noise", "applies to full-weight ES only, not with --lora-rank")
+            check(self.param_filter is None, "param_filter", "not with --lora-rank: choose the adapted modules with "
+                  "--lora-targets")
+            check(self.lora_dropout == 0, "lora_dropout", "ES measures members without dropout (no gradients): "
+                  "leave it 0 with ES")
         if self.param_filter is not None:
             try:
                 re.compile(self.param_filter)
@@ -201,9 +216,9 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
     mine = list(range(rank, cfg.population, world))
     samples = sample_seeds(cfg, iteration, len(batch))
     start = time.perf_counter()
-    if cfg.noise == "lowrank":
+    if cfg.noise == "lowrank" or cfg.lora:
         evaluate_batched(cfg, engine, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
-                         rewards, accuracy, tokens, clock, samples)
+                         rewards, accuracy, tokens, clock, samples, params)
         if clock is not None:
             clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
@@ -220,14 +235,15 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
 
 
 def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, members, rewards, accuracy, tokens,
-                     clock: RunClock | None = None, samples: list[int] | None = None) -> None:
-    """Low-rank mode: every (member, prompt, sample) triple is one row of one engine call, rows
+                     clock: RunClock | None = None, samples: list[int] | None = None,
+                     params: fullrank.Params | None = None) -> None:
+    """Low-rank mode and adapters: every (member, prompt, sample) triple is one row of one engine call, rows
     member-major; more calls only when the rows do not fit in memory (an engine that schedules
     its rows itself fits them all). ``--gen-batch-size`` caps the rows of every call: whole
     members while a member's P rows fit, else one member's rows split over calls. ``samples``: the
     sampling seed of each of a member's rows, the same for every member (None: greedy). Fills the
     per-member arrays in place, over all P rows of each member; with a ``clock``, a bar shows the
-    rows done."""
+    rows done. ``params``: the adapter factors (``--lora-rank``), whose members the rows evaluate."""
     batch = [e for e in batch for _ in range(cfg.samples_per_prompt)]  # a member's rows, prompt-major
     P = len(batch)
     if cfg.gen_batch_size:
@@ -245,7 +261,7 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
             chunk, prompts = members[first:first + cap // P], batch
         else:  # one member's prompts over several calls
             chunk, prompts = members[first:first + 1], batch[prompt:prompt + cap]
-        pop = LowRankMembers(layers, [s for _, s, _ in chunk], [g for _, _, g in chunk], cfg.sigma, cfg.rank)
+        pop = batched_members(cfg, params, layers, [s for _, s, _ in chunk], [g for _, _, g in chunk])
         row_seeds = None if samples is None else [s for _ in chunk for s in samples[prompt:prompt + len(prompts)]]
         try:
             r = rollout(engine, scorer, [e for _ in chunk for e in prompts], cfg.max_new_tokens,
@@ -268,9 +284,29 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         tokens[n] = sum(t for _, t in scored)
 
 
-def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Layer] | None]:
-    """What ES perturbs and updates: every parameter (full) or the linear layers' weights
-    (lowrank), filtered by --param-filter; with fp32 masters of bf16/fp16 tensors."""
+def batched_members(cfg: ESConfig, params: fullrank.Params, layers, seeds: list[int],
+                    signs: list[float]) -> LowRankMembers | AdapterMembers:
+    """The members of one batched engine call: adapters (``--lora-rank``) or low-rank noise."""
+    if cfg.lora:
+        return AdapterMembers(params, layers, seeds, signs, cfg.sigma)
+    return LowRankMembers(layers, seeds, signs, cfg.sigma, cfg.rank)
+
+
+def with_adapters(model, cfg: ESConfig):
+    """``model`` with the run's LoRA adapters (``--lora-rank``): fresh ones drawn from the run seed, or
+    the ones it was loaded with (a checkpoint); the model itself without adapters."""
+    if not cfg.lora or adapters.has_adapters(model):
+        return model
+    return adapters.attach(model, cfg, cfg.seed, cfg.model)
+
+
+def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list | None]:
+    """What ES perturbs and updates: every parameter (full), the linear layers' weights (lowrank),
+    filtered by --param-filter, or the LoRA factors (--lora-rank); with fp32 masters of bf16/fp16
+    tensors."""
+    if cfg.lora:  # adapter factors: fp32 already (PEFT keeps adapters in fp32), their own masters
+        layers = adapter_noise.adapter_layers(model)
+        return adapter_noise.params_of(layers, cfg.fp32_master), layers
     if cfg.noise == "lowrank":  # masters per tensor (Params): a model may mix fp32 and bf16 tensors
         layers = lowrank.select_layers(model, cfg.param_filter, cfg.rank)
         lowrank.check_rows(model, layers)
@@ -280,7 +316,7 @@ def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list[lowrank.Lay
 
 def update_weights(cfg: ESConfig, params: fullrank.Params, layers, seeds: list[int], coefficients: list[float]) -> None:
     """theta += sum_n coefficients[n] * (eps_n or E_n): the update of either noise mode."""
-    if cfg.noise == "lowrank":
+    if cfg.noise == "lowrank" and not cfg.lora:
         lowrank.apply_lowrank_update(params, layers, seeds, coefficients, cfg.rank)
     else:
         fullrank.apply_update(params, seeds, coefficients, cfg.shared_noise)
@@ -319,7 +355,8 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
     """The projection of this run's time on ``device``: ``left`` iterations in which this process
     evaluates ``members`` members on ``per_iteration`` prompts, and ``evals`` held-out evaluations
     (``whole_calls``: the engine reports finished rows only)."""
-    shorten = options(*["--noise lowrank (the whole population in one batched generation)"] * (cfg.noise == "full"),
+    shorten = options(*["--noise lowrank (the whole population in one batched generation)"] * (cfg.noise == "full"
+                                                                                              and not cfg.lora),
                       f"--batch-size (prompts per iteration, now {per_iteration})",
                       f"--max-new-tokens (now {cfg.max_new_tokens})", *["a GPU"] * (device == "cpu"))
     samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
@@ -348,6 +385,7 @@ def load_weights(cfg: ESConfig, dist, log: UpdateLog, device: torch.device):
     newest checkpoint (its fp32 masters too) with the updates logged after it re-applied."""
     with dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_model(log.source(cfg.model), device=device, dtype=cfg.dtype)
+    model = with_adapters(model, cfg)  # a checkpoint of an adapter run loads with its adapters
     dist.wait_for_main()  # loading takes each rank its own time: start the collectives together
     check_noise_device(log.run.path, next(model.parameters()).device, write=dist.is_main)
     params, layers = perturbable(model, cfg)

@@ -123,6 +123,10 @@ class GRPO:
         if cfg.loss == "dr_grpo":
             self.name = "Dr.GRPO"
 
+    @staticmethod
+    def adapt(cfg: GRPOConfig, model) -> None:
+        """Nothing to add to the policy's model (PPO adds its critic's adapter here)."""
+
     def param_groups(self) -> list[dict]:
         return [{"params": [p for p in self.model.parameters() if p.requires_grad]}]
 

@@ -21,7 +21,7 @@ import torch
 from tqdm import tqdm
 
 import llm_envs
-from trainers.common import distributed
+from trainers.common import adapters, distributed
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError, TrainConfig, check, settle_runtime, to_dict
 from trainers.common.held_out import HeldOut
@@ -150,7 +150,9 @@ def train(cfg: RLConfig, algorithm) -> Path:
     device = ranks.dist.device or cfg.device
     with ranks.dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
-                                       cfg.gradient_checkpointing, dtype)
+                                       cfg.gradient_checkpointing, dtype, cfg, cfg.seed, cfg.model,
+                                       frozen_in_compute=not ranks.sharded)
+    algorithm.adapt(cfg, model)  # PPO's critic adapter: part of the policy's model before copies and shards
     # Rollouts come from the engine, the loss's log-probs from the policy itself (as TRL and verl do).
     # On several processes the engine holds its own full copy, taken before the policy is sharded;
     # each model is sharded (FSDP2; nothing on one process) before the next one is loaded.
@@ -162,8 +164,10 @@ def train(cfg: RLConfig, algorithm) -> Path:
     per_step = prompts_per_step * cfg.group_size
     run.write_config(to_dict(cfg))  # the preset's values, and where each value came from
     ranks.shard(model)
-    ref = load_reference(cfg.model, device, dtype) if cfg.beta else None
+    ref = load_reference(cfg.model, device, dtype) if cfg.beta and not cfg.lora else None
     ranks.shard(ref)
+    if cfg.beta and cfg.lora:  # the KL reference: the policy's base, its adapters disabled (no second copy)
+        ref = adapters.BaseOf(model)
     algo = algorithm(cfg, model, tokenizer, ref, ranks)
     ranks.shard(*algo.modules.values())  # PPO's critic
     run.note_runtime(model, done, runtime, dtype,
@@ -188,8 +192,9 @@ def train(cfg: RLConfig, algorithm) -> Path:
         say(f"resumed {run.path} after step {done} ({'checkpoint' if ckpt else 'no checkpoint: from the start'})")
 
     n_params = sum(p.numel() for g in algo.param_groups() for p in g["params"])
-    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.1f}M trainable parameters ({runtime.precision.line()} compute, fp32 master "
-        f"weights and optimizer), {prompts_per_step} "
+    lora = f" in {adapters.start_text(model)}" if cfg.lora else ""
+    say(f"{algo.name} on {cfg.env}: {n_params / 1e6:.{2 if cfg.lora else 1}f}M trainable parameters{lora} ({runtime.precision.line()} compute, "
+        f"fp32 master weights and optimizer), {prompts_per_step} "
         f"prompts x {cfg.group_size} responses per batch, lr={cfg.lr}, beta={cfg.beta}, engine {engine.name} "
         f"({runtime.engine_why}), run dir {run.path}" + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
 

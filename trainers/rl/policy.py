@@ -10,6 +10,11 @@ Memory per parameter of the base model (weights and optimizer state; activations
 generation cache come on top): the policy 16 bytes (fp32 weights 4, fp32 gradients 4, AdamW's two
 moments 8); the reference 2 in bf16, 4 in fp32; PPO's separate critic another 16 (a second
 trainable trunk). So GRPO ~18 bytes/parameter in bf16, PPO ~34 (~18 with ``--shared-critic``).
+
+With LoRA adapters (``--lora-rank``) the base is frozen weights in the compute dtype (2 bytes/parameter
+in bf16, 4 in fp32; no gradients, no optimizer state) and only the adapters pay the 16 bytes; the KL reference is the
+policy with its adapters disabled (``adapters.BaseOf``: no second copy), and PPO's critic is a
+second adapter on the same frozen base.
 """
 
 from __future__ import annotations
@@ -20,15 +25,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainers.common import adapters
+from trainers.common.adapters import LoraOptions
 from trainers.common.models import load_model, resolve_device, set_compute_dtype
 
 
 def load_policy(name_or_path: str, device: str | None = None, gradient_checkpointing: bool = False,
-                compute: torch.dtype | None = None):
+                compute: torch.dtype | None = None, lora: LoraOptions | None = None, seed: int = 0,
+                base: str | None = None, frozen_in_compute: bool = True):
     """The trainable policy: fp32 master weights, computing in ``compute`` (None: fp32) under autocast
-    (``compute_context``)."""
-    model, tokenizer = load_model(name_or_path, device=device, dtype=torch.float32)
-    model.requires_grad_(True)
+    (``compute_context``). With ``lora`` (``--lora-rank`` > 0) only LoRA adapters train (fp32), the
+    base frozen, its weights in ``compute`` (bf16: 2 bytes per parameter; ``frozen_in_compute=False``
+    keeps them fp32: several processes, where FSDP2 shards one dtype per layer): fresh adapters drawn
+    from ``seed`` on the base model (recorded as ``base``), or the ones a checkpoint holds (every
+    adapter it saved: PPO's critic too)."""
+    adapted = lora is not None and lora.lora
+    weights = compute if adapted and frozen_in_compute and compute is not None else torch.float32
+    model, tokenizer = load_model(name_or_path, device=device, dtype=weights)
+    if adapters.has_adapters(model):  # a checkpoint of an adapter run
+        adapters.load_saved_adapters(model, name_or_path)
+        adapters.train_adapters_only(model, tuple(model.peft_config))
+    elif adapted:
+        model = adapters.attach(model, lora, seed, base or name_or_path)
+    else:
+        model.requires_grad_(True)
     set_compute_dtype(model, compute)
     if gradient_checkpointing:
         kwargs = {"use_reentrant": False}

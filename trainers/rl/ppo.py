@@ -28,6 +28,9 @@ GRPO). On W GPUs (torchrun) all of it is sharded, 1/W per GPU, plus the engine's
 weights (``trainers.rl.sharding``); the token mean and the whitening are then over every process's
 tokens.
 
+With ``--lora-rank R`` the policy trains a LoRA adapter on the frozen base, and the critic is a
+second adapter ("critic") on the same frozen base plus the value head: one copy of the base weights.
+
     python -m trainers.ppo --env Countdown-v0
     python -m trainers.ppo --env Countdown-v0 --lam 0.95 --epochs 2
     python -m trainers.ppo --resume runs/ppo-Countdown-v0-...        # from the latest checkpoint
@@ -42,6 +45,7 @@ from typing import ClassVar
 
 import torch
 
+from trainers.common import adapters
 from trainers.common.config import check, resolve_config, run_main
 from trainers.rl import loop
 from trainers.common.models import compute_dtype
@@ -52,6 +56,10 @@ from trainers.rl.losses import KL_ESTIMATORS, clipped_surrogate, masked_sum, mas
 from trainers.rl.policy import clip_and_step, load_critic_trunk, split_batch
 from trainers.rl.sampling import Samples
 from trainers.rl.sharding import Ranks
+
+
+#: The name of the critic's adapter (``--lora-rank`` without ``--shared-critic``).
+CRITIC = "critic"
 
 
 @dataclass
@@ -161,18 +169,37 @@ class PPO:
         self.pad_id = tokenizer.pad_token_id
         self.device = next(model.parameters()).device
         self.shared = uses_shared_prefix(cfg)  # each group's prompt computed once (--group-size > 1)
-        # The critic: a separate trunk, a fresh copy of the base model (None: the policy's own).
-        self.trunk = None if cfg.shared_critic else load_critic_trunk(cfg.model, str(self.device),
-                                                                      cfg.gradient_checkpointing, compute_dtype(model))
+        # The critic: a separate trunk, a fresh copy of the base model (None: the policy's own); with
+        # adapters, the policy's frozen base with an adapter of its own ("critic", saved with the policy's).
+        self.critic_adapter = cfg.lora and not cfg.shared_critic
+        if self.critic_adapter:
+            self.adapt(cfg, model)
+            self.trunk = adapters.WithAdapter(model, model.get_base_model().base_model, CRITIC)
+        else:
+            self.trunk = None if cfg.shared_critic else load_critic_trunk(cfg.model, str(self.device),
+                                                                          cfg.gradient_checkpointing, compute_dtype(model))
         self.value_head = ValueHead(model.config.hidden_size).to(self.device)
         self.modules = {"value_head": self.value_head}  # saved with checkpoints, restored on resume
-        if self.trunk is not None:
+        if self.trunk is not None and not self.critic_adapter:
             self.modules["critic_trunk"] = self.trunk
+
+    @staticmethod
+    def adapt(cfg: PPOConfig, model) -> None:
+        """With adapters and a separate critic: the critic's adapter on the policy's model (fresh, or
+        the one a checkpoint held), added before the loop copies the model for the engine or shards it."""
+        if cfg.lora and not cfg.shared_critic and CRITIC not in model.peft_config:
+            adapters.add_adapter(model, CRITIC, cfg.seed)
 
     def param_groups(self) -> list[dict]:
         """The policy's parameters, then the critic's (its own learning rate and gradient clip)."""
-        critic = ([] if self.trunk is None else list(self.trunk.parameters())) + list(self.value_head.parameters())
-        return [{"params": [p for p in self.model.parameters() if p.requires_grad]},
+        if self.critic_adapter:
+            trunk = [p for _, p in adapters.adapter_parameters(self.model, CRITIC)]
+            policy = [p for _, p in adapters.adapter_parameters(self.model)]
+        else:
+            trunk = [] if self.trunk is None else list(self.trunk.parameters())
+            policy = [p for p in self.model.parameters() if p.requires_grad]
+        critic = trunk + list(self.value_head.parameters())
+        return [{"params": policy},
                 {"params": critic, "lr": self.cfg.value_lr}]
 
     def forward(self, samples: Samples, part: slice):
@@ -185,7 +212,7 @@ class PPO:
         return logp, self.value_head(hidden), mb
 
     def train_mode(self, on: bool) -> None:
-        for module in (self.model, self.trunk, self.value_head):
+        for module in (self.model, None if self.critic_adapter else self.trunk, self.value_head):
             if module is not None:
                 module.train(on)
 

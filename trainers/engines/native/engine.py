@@ -18,7 +18,9 @@ from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
 from trainers.engines.options import EngineUnavailable
 from trainers.engines.sampling import Sampler, row_seeds, row_uniforms
-from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise import lowrank
+from trainers.es.noise.adapters import AdapterPopulation, own_layers
+from trainers.es.noise.members import BATCHED, AdapterMembers, FullRankMember, LowRankMembers, Perturbation
 
 
 class NativeEngine(ModelWeightsEngine):
@@ -40,7 +42,9 @@ class NativeEngine(ModelWeightsEngine):
         if why:
             raise EngineUnavailable(why)
         super().__init__(model, tokenizer, compute_dtype)
-        self.decoder = Decoder(model)
+        # a PEFT model: the decoder runs its base model's modules (the LoRA layers' products read the
+        # base weights) and adds the adapters per row (``rows.RowNoise``)
+        self.decoder = Decoder(model.get_base_model() if hasattr(model, "peft_config") else model)
         self.stops = stop_token_ids(tokenizer, model)
         self.pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.stops[0]
         self.compact = compact
@@ -61,9 +65,11 @@ class NativeEngine(ModelWeightsEngine):
         if not rows:
             return GenerationResult([], [], [], [], [], 0.0)
         members = None
-        if isinstance(perturbation, LowRankMembers):
+        if isinstance(perturbation, BATCHED):
             per = perturbation.rows_per_member(len(rows))
             members = torch.arange(len(rows), device=self.device) // per
+        elif perturbation is None and own_layers(self.model):  # a PEFT model: its adapter on every row
+            members = torch.zeros(len(rows), dtype=torch.long, device=self.device)
         # Waves: as many rows as fit in memory, longest prompts together (little padding).
         longest = max(len(r) for r in rows)
         cap = rows_that_fit(self.model, longest + max_new_tokens)
@@ -168,12 +174,17 @@ class NativeEngine(ModelWeightsEngine):
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None):
         if p is None:
-            yield None
+            own = own_layers(self.model)
+            yield RowNoise(AdapterPopulation.own(own), self.decoder.layers, self.compute_dtype) if own else None
         elif isinstance(p, FullRankMember):
             with self.written_into_weights(p):
                 yield None
         elif isinstance(p, LowRankMembers):
-            yield RowNoise(p, self.decoder.layers, self.compute_dtype)
+            pop = lowrank.Population(p.layers, p.seeds, p.signs, p.sigma, p.rank)
+            yield RowNoise(pop, self.decoder.layers, self.compute_dtype)
+        elif isinstance(p, AdapterMembers):
+            pop = AdapterPopulation.of_members(p.params, p.layers, p.seeds, p.signs, p.sigma)
+            yield RowNoise(pop, self.decoder.layers, self.compute_dtype)
         else:
             raise TypeError(f"unknown perturbation {type(p).__name__}")
 

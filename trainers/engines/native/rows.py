@@ -1,4 +1,4 @@
-"""Low-rank members inside the native decoder, with per-row factors.
+"""Low-rank members and LoRA adapters inside the native decoder, with per-row factors.
 
 Member k perturbs a weight W by ``sign_k * sigma * A_k B_k^T / sqrt(R)`` (``trainers/es/noise/lowrank.py``,
 whose ``Population`` draws the factors, so every engine sees the same members; in a bf16 model
@@ -12,6 +12,11 @@ The factors of a group's projections are concatenated, so ``x B_group`` is one b
 for the whole group. Rows leave the batch as they finish, so rows are not grouped by member:
 ``select`` names each live row's member, the factors are gathered per row at each product, and
 the products are batched over rows.
+
+LoRA adapters are the same computation (``trainers/es/noise/adapters.py``): an adapter adds
+``scale (x A^T) B^T``, so ``AdapterPopulation`` holds ``A^T`` where ``Population`` holds B and
+``scale B^T`` where it holds ``A^T``; a plain PEFT model is a population of one member, its own
+adapter, on every row.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from dataclasses import dataclass
 import torch
 
 from trainers.es.noise.lowrank import ELEMENTWISE_MAX_RANK, Population
+
+#: The module names the native decoder applies adapters on (``GROUPS``' leaves).
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 #: The projections of a decoder layer, by the input they share.
 GROUPS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
@@ -35,10 +43,11 @@ class _Group:
 
 
 class RowNoise:
-    """The factors of ``LowRankMembers`` on a decoder's layers, ready to be added per row."""
+    """The factors of a population (``lowrank.Population`` of ``LowRankMembers``, or an
+    ``adapters.AdapterPopulation``) on a decoder's layers, ready to be added per row."""
 
-    def __init__(self, members, decoder_layers, dtype: torch.dtype):
-        pop = Population(members.layers, members.seeds, members.signs, members.sigma, members.rank)
+    def __init__(self, pop: Population, decoder_layers, dtype: torch.dtype):
+        rank = pop.B[0].shape[-1]
         B, At = pop.in_dtype(dtype)  # the dtype the decoder computes in
         by_module = {id(layer.module): i for i, layer in enumerate(pop.layers)}
         self.groups: dict[tuple[int, str], _Group] = {}
@@ -48,10 +57,10 @@ class RowNoise:
                 if all(i is None for i in index):
                     continue
                 Bt = torch.cat([B[i].transpose(1, 2) for i in index if i is not None], dim=1).contiguous()
-                self.groups[li, key] = _Group(Bt, [None if i is None else At[i] for i in index], members.rank)
-        if sum(g.Bt.shape[1] for g in self.groups.values()) != members.rank * len(pop.layers):  # some layer not found
-            raise ValueError("--engine native: the low-rank layers are not all q/k/v/o/gate/up/down projections of "
-                             "the decoder's layers; use --engine hf")
+                self.groups[li, key] = _Group(Bt, [None if i is None else At[i] for i in index], rank)
+        if sum(g.Bt.shape[1] for g in self.groups.values()) != rank * len(pop.layers):  # some layer not found
+            raise ValueError("--engine native: the low-rank or adapter layers are not all q/k/v/o/gate/up/down "
+                             "projections of the decoder's layers; use --engine hf")
         self.members = torch.zeros(0, dtype=torch.long)
 
     def take(self, other: RowNoise) -> bool:
