@@ -348,10 +348,8 @@ def generate_chunks(model: LazyModel, examples, cfg: EvalConfig, cache: Cache, k
             resumed += len(chunk["rows"])
         else:
             span = slice(start * cfg.samples, (start + len(part)) * cfg.samples)
-            out = model.engine().generate([e.prompt for e in part], max_new_tokens=cfg.max_new_tokens,
-                                          batch_size=cfg.batch_size, temperature=cfg.temperature, top_p=cfg.top_p,
-                                          seed=seeds[span] if seeds else None, num_return_sequences=cfg.samples,
-                                          progress=label)
+            out = rollout(model.engine(), None, part, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
+                          seeds[span] if seeds else None, cfg.samples, cfg.top_p, progress=label).generation
             chunk = {"chunk": start, "seconds": out.seconds, "tokens": out.total_tokens,
                      "rows": [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done,
                                    token_ids=ids)

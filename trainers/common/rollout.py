@@ -68,7 +68,7 @@ class Rollout:
 
 def rollout(
     engine: Engine,
-    scorer: BatchScorer,
+    scorer: BatchScorer | None,
     examples: Sequence[Example],
     max_new_tokens: int,
     batch_size: int = 32,
@@ -85,9 +85,10 @@ def rollout(
     ``engine`` (under an ES ``perturbation`` when given), scored by ``scorer`` (each example's
     opening + completion, never the user's prompt). ``seed``: the call's sampling seed, or one per
     completion (example-major); ``sort=False`` generates in the given order; ``progress`` and
-    ``on_progress`` as in ``generate``."""
+    ``on_progress`` as in ``generate``. ``scorer=None`` (single-turn only) generates without
+    scoring, for callers that cache generations and score every time (``eval.harness``)."""
     start = time.perf_counter()
-    if is_multiturn(getattr(scorer, "env", scorer)):  # episodes of several turns; a score is an episode's return
+    if scorer is not None and is_multiturn(getattr(scorer, "env", scorer)):  # episodes of several turns; a score is an episode's return
         episodes = run_episodes(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, samples,
                                 top_p, progress, sort, on_progress, perturbation)
         seconds = time.perf_counter() - start
@@ -97,7 +98,7 @@ def rollout(
                           temperature=temperature, top_p=top_p, seed=seed, num_return_sequences=samples,
                           progress=progress, sort=sort, on_progress=on_progress, perturbation=perturbation)
     per_completion = [e for e in examples for _ in range(samples)]
-    scores = scorer.score_batch(out.texts, per_completion)
+    scores = scorer.score_batch(out.texts, per_completion) if scorer is not None else []
     return Rollout(per_completion, out, scores, time.perf_counter() - start)
 
 
