@@ -225,7 +225,9 @@ def test_episodes_keep_exact_ids_and_mask_env_tokens(tiny_tokenizer):
         sampled = tiny_tokenizer("<guess>0</guess>", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
         assert model == sampled * 3
         assert env_side == 2 * bridge_ids(tiny_tokenizer, [{"role": "user", "content": "Higher."}])
-        assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+        # the env's reply to the last turn stays in the record, though the model never reads it
+        assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
+        assert ep.messages[-1]["content"] in ("Higher.", "Lower.") and ep.cut is False
 
 
 def test_finished_episodes_leave_the_batch(tiny_tokenizer):
