@@ -37,7 +37,7 @@ from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
 from trainers.common import runtime
 from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype
-from trainers.common.episodes import episode_row, episode_summary
+from trainers.common.episodes import EpisodeTally, check_command, cut_short, episode_row, episode_summary
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
@@ -316,10 +316,9 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
     per_prompt = [[r["correct"] for r in rows[i:i + cfg.samples]] for i in range(0, len(rows), cfg.samples)]
     passk = pass_at_ks(per_prompt)
     rewards = [r["reward"] for r in rows]
-    parts: dict[str, list[float]] = {}
-    for r in rows:
-        for name, value in (r["parts"] or {}).items():
-            parts.setdefault(name, []).append(value)
+    # A part a row lacks counts 0 (a key only some turns or episodes report is not their average).
+    names = list(dict.fromkeys(name for r in rows for name in (r["parts"] or {})))
+    parts = {name: [(r["parts"] or {}).get(name, 0.0) for r in rows] for name in names}
     reward_mean, reward_std = mean_std(rewards)
     kl_mean, kl_std = mean_std(kl) if kl is not None else (None, None)
     return {"pass@1": passk.get(1, 0.0), "pass@k": {str(k): v for k, v in passk.items()},
@@ -373,6 +372,13 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
             summary["cached"] = cached
             write_split(out_dir, cfg, spec, env_id, split, rows, summary)
             print(_line(summary), flush=True)
+            if "turns" in rows[0]:  # episodes that mostly never reached the env: say so, and how to look
+                tally = EpisodeTally()
+                tally.add(rows)
+                warning = cut_short(tally, cfg.max_new_tokens, env.stop_strings,
+                                    check_command(cfg.env, cfg.env_args, cfg.model, cfg.max_new_tokens))
+                if warning:
+                    print(f"{env_id}/{split}: {warning}", file=sys.stderr, flush=True)
             summaries.append(summary)
     finally:
         model.close()

@@ -285,7 +285,7 @@ class EpisodeTally:
         return {name: float(total / n) for name, total in zip(EPISODE_STATS, totals)}
 
 
-def cut_short(tally: EpisodeTally, max_new_tokens: int, stop_strings: Sequence[str], check: str) -> str | None:
+def cut_short(tally: EpisodeTally, max_new_tokens: int, stop_strings: Sequence[str], check: str | None) -> str | None:
     """The one-line warning when most episodes ended cut at their first turn (the model did not
     end a turn within ``max_new_tokens``: it never hears the env), naming the command that shows
     why (``check``: ``python -m llm_envs.check ...``); None otherwise."""
@@ -293,8 +293,8 @@ def cut_short(tally: EpisodeTally, max_new_tokens: int, stop_strings: Sequence[s
         return None
     strings = f" or stop string ({', '.join(map(repr, stop_strings))})" if stop_strings else " (the env has no stop strings)"
     return (f"warning: {tally.first_turn_cut} of {tally.episodes} episodes ended at their first turn, cut at "
-            f"{max_new_tokens} new tokens before a stop token{strings}, so the env never answered them; "
-            f"see what the env expects and what the model writes: {check}")
+            f"{max_new_tokens} new tokens before a stop token{strings}, so the env never answered them"
+            + (f"; see what the env expects and what the model writes: {check}" if check else ""))
 
 
 def episode_line(tally: EpisodeTally) -> str:
