@@ -179,8 +179,8 @@ def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Tab
     for (env, split), group in group_by([r for r in greedy if r["env"] not in multi], ("env", "split")).items():
         measured = {}  # (row, method) -> like records: a cell's unlike records go to rows of their own
         for (base, method), rs in group_by(group, ("base_model", "method")).items():
-            for text, like in like_groups(finals(rs)):
-                measured[(model_name(str(base)) + (f" ({text})" if text else ""), method)] = like
+            for k, (text, like) in enumerate(like_groups(finals(rs))):  # the most numerous stays on the base's row
+                measured[(model_name(str(base)) + (f" ({text})" if text and k else ""), method)] = like
         cells = {cell: [100 * r["pass@1"] for r in rs] for cell, rs in measured.items()}
         marks, flag_notes = flag_differences(measured)
         published = paper_data.ACCURACY.get(env, {}) if paper else {}
