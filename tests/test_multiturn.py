@@ -14,7 +14,7 @@ import llm_envs
 from llm_envs import Example, MultiTurnEnv, Reply, chat, tool
 from llm_envs.multiturn import TurnExample
 from llm_envs.tools import run_tool_calls
-from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes
+from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes, turn_seed
 from trainers.common.rollout import rollout
 from trainers.engines import make_engine
 from trainers.engines.generation import GenerationResult, TokenIds, encode_prompts
@@ -269,6 +269,8 @@ def test_a_rows_sampled_episode_depends_on_its_seed_alone(tiny_model, tiny_token
         assert (a.ids, a.mask, a.turns) == (b.ids, b.mask, b.turns)
     assert other[0].ids != both[1].ids
     assert any(0 in ep.mask for ep in both)  # an env reply was stitched in
+    # turn 0 draws from the row's seed, each later turn from one derived from (the row's seed, turn)
+    assert turn_seed(22, 0) == 22 and len({turn_seed(s, t) for s in (11, 22) for t in (0, 1, 2)}) == 6
 
 
 def test_lowrank_rows_stay_member_major_as_episodes_leave():

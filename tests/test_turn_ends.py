@@ -43,7 +43,7 @@ def _forwards(model):
     def hook(*_):
         count["n"] += 1
 
-    return count, model.model.register_forward_pre_hook(hook)
+    return count, model.model.embed_tokens.register_forward_pre_hook(hook)  # hf and native both embed each step
 
 
 ENGINES = ["hf", "native", "native-fixed"] + (["vllm"] if importlib.util.find_spec("vllm") else [])
