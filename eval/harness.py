@@ -368,7 +368,8 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
             kl = measure_kl(model, base, examples, entry, key, cfg, cache) if base is not None else None
             rows = [{k: v for k, v in r.items() if k != "token_ids"} | ({"kl": kl[i]} if kl else {})
                     for i, r in enumerate(entry["rows"])]
-            summary = summary_header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
+            summary = summary_header(cfg, spec, env_id, env_args, split, model, base, env.stop_strings) | \
+                summarize_split(rows, entry, cfg, kl)
             summary["cached"] = cached
             write_split(out_dir, cfg, spec, env_id, split, rows, summary)
             print(_line(summary), flush=True)
@@ -430,9 +431,11 @@ def _default_out(spec: ModelSpec) -> Path:
 
 
 def summary_header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split: str, model: LazyModel,
-                   base: LazyModel | None) -> dict[str, Any]:
-    """What a split's summary records besides its numbers: the env, model, decoding and engine."""
-    return {"env": env_id, "env_args": env_args, "data": cfg.data, "split": split, "model": spec.path,
+                   base: LazyModel | None, stop_strings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a split's summary records besides its numbers: the env (its options and the stop strings
+    its turns end at), model, decoding and engine."""
+    return {"env": env_id, "env_args": env_args, "stop_strings": list(stop_strings), "data": cfg.data, "split": split,
+            "model": spec.path,
             "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
             "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,

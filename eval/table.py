@@ -42,8 +42,8 @@ COMPARABLE = (("n", "†", "number of held-out prompts (n)"), ("max_new_tokens",
               ("source", "§", "source"))
 #: What a record's numbers depend on besides the model and its training seed: records that differ
 #: in one of these are unlike evaluations, never averaged into one row or cell.
-SETTINGS = ("env_args", "data", "n", "max_new_tokens", "samples", "temperature", "top_p", "kl_to", "dtype", "device",
-            "engine", "hparams", "source")
+SETTINGS = ("env_args", "stop_strings", "data", "n", "max_new_tokens", "samples", "temperature", "top_p", "kl_to",
+            "dtype", "device", "engine", "hparams", "source")
 
 
 @dataclass
@@ -100,16 +100,24 @@ def _bold_best(table: Table, row: int, cols: list[int], values: list[float | Non
         table.bold |= {(row, c) for c, v in zip(cols, values) if v is not None and round(v, 1) == round(top, 1)}
 
 
+def _value(record: dict[str, Any], key: str) -> Any:
+    """A record's setting, as compared: a missing source is the harness's, missing stop strings are
+    none (no env had any before summaries recorded them)."""
+    if key == "source":
+        return setting(record, key)
+    if key == "stop_strings":
+        return list(record.get(key) or [])
+    return record.get(key)
+
+
 def record_settings(record: dict[str, Any]) -> tuple[str, ...]:
-    """The record's ``SETTINGS``, comparable (a missing source is the harness's)."""
-    return tuple(json.dumps(setting(record, k) if k == "source" else record.get(k), sort_keys=True, default=str)
-                 for k in SETTINGS)
+    """The record's ``SETTINGS``, comparable."""
+    return tuple(json.dumps(_value(record, k), sort_keys=True, default=str) for k in SETTINGS)
 
 
 def _settings_text(record: dict[str, Any], keys: list[str]) -> str:
     """``max_new_tokens=48, env_args={"opening": false}``: the record's values of ``keys``."""
-    value = lambda k: setting(record, k) if k == "source" else record.get(k)  # noqa: E731
-    return ", ".join(f"{k}={json.dumps(value(k), sort_keys=True, default=str)}" for k in keys)
+    return ", ".join(f"{k}={json.dumps(_value(record, k), sort_keys=True, default=str)}" for k in keys)
 
 
 def like_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
