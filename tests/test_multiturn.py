@@ -458,4 +458,20 @@ def test_the_check_command_steps_scripted_turns_and_fails_a_broken_env(capsys):
     assert "max_turns must be an int >= 1" in capsys.readouterr().err
 
 
+def test_the_check_samples_episodes_of_a_model_as_training_runs_them(tiny_model_dir):
+    import io
+
+    from llm_envs import check
+
+    out = io.StringIO()
+    assert check.main(["GuessNumber-v0", "--env-args", '{"max_turns": 2}', "--model", str(tiny_model_dir),
+                       "--episodes", "3", "--max-new-tokens", "4", "--engine", "hf"], out) == 0
+    text = out.getvalue()
+    assert "== 3 episodes of" in text and "(engine hf, temperature 1, seed 0, max_new_tokens 4)" in text
+    episodes = [line for line in text.splitlines() if line.startswith("-- episode ")]
+    assert len(episodes) == 3 and all("1 turn(s)" in e and "last turn cut at the token limit" in e for e in episodes)
+    assert "means: turns_mean 1.00, tool_calls_mean 0.00" in text
+    assert "warning: 3 of 3 episodes ended at their first turn, cut at 4 new tokens" in text  # the tiny model rambles
+
+
 llm_envs.register("Silent-v0", Silent)

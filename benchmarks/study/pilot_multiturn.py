@@ -22,12 +22,13 @@ pass@1 before and after each method.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from trainers.common.cli import Parser
 
 #: The envs: (short name, env id, --env-args, --max-new-tokens per turn). GuessNumber-v0 in 1..20
 #: with 5 guesses, its turns opened with "<guess>" (the default model answers in prose otherwise);
@@ -87,8 +88,7 @@ def _shrink(train: list[str], method: str) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.study.pilot_multiturn",
-                                     description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="python -m benchmarks.study.pilot_multiturn", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default="runs/pilot56", help="where the runs, evaluations and table.md go")
     parser.add_argument("--model", default="smollm2-135m", help="the base model")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

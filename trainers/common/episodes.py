@@ -37,6 +37,8 @@ repeats of its own rows, whose outputs are dropped.
 
 from __future__ import annotations
 
+import json
+import shlex
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -309,9 +311,6 @@ def episode_line(tally: EpisodeTally) -> str:
 def check_command(env_id: str, env_args: str | dict | None, model: str, max_new_tokens: int | None) -> str:
     """The ``python -m llm_envs.check`` line that steps ``env_id`` (with its options) and samples a
     few episodes of ``model`` as a run does, for warnings to name."""
-    import json
-    import shlex
-
     args = env_args if isinstance(env_args, str) or env_args is None else json.dumps(env_args)
     words = ["python", "-m", "llm_envs.check", env_id, *(["--env-args", args] if args else []), "--model", model,
              *(["--max-new-tokens", str(max_new_tokens)] if max_new_tokens else [])]
