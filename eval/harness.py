@@ -38,7 +38,7 @@ from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
 from trainers.common import runtime
 from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype
-from trainers.common.episodes import episode_row, episode_summary
+from trainers.common.episodes import EpisodeTally, check_command, cut_short, episode_row, episode_summary
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
@@ -305,7 +305,7 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
     entry = None if episodes else cache.get(key)
     from_cache = len(entry["rows"]) if entry is not None else 0
     if entry is None and not episodes:
-        entry, from_cache = generate_chunks(model, examples, cfg, cache, key, decoding, f"{env_id}/{split}")
+        entry, from_cache = generate_chunks(model, scorer, examples, cfg, cache, key, decoding, f"{env_id}/{split}")
     if not episodes:
         scores = scorer.score_batch([r["completion"] for r in entry["rows"]], per_completion)
     else:
@@ -326,13 +326,14 @@ def generate_and_score(model: LazyModel, scorer: llm_envs.BatchScorer, env_id: s
     return {**entry, "rows": rows}, key, from_cache
 
 
-def generate_chunks(model: LazyModel, examples, cfg: EvalConfig, cache: Cache, key: str, decoding: dict[str, Any],
-                    label: str) -> tuple[dict[str, Any], int]:
+def generate_chunks(model: LazyModel, scorer: llm_envs.BatchScorer, examples, cfg: EvalConfig, cache: Cache, key: str,
+                    decoding: dict[str, Any], label: str) -> tuple[dict[str, Any], int]:
     """The generations of ``examples``, every ``--batch-size`` prompts (a chunk, with all their
     samples) cached under its own key as it ends: a killed evaluation finds the chunks it finished
     and generates only the rest. Once all are there, the split's entry is cached under ``key`` and
-    the chunks are dropped. A sampled row's seed is derived from (``--seed``, its index in the
-    split), as one call over the split would derive it, so chunks give what one call gives.
+    the chunks are dropped. ``scorer``'s env gives the stop strings; scoring is the caller's. A
+    sampled row's seed is derived from (``--seed``, its index in the split), as one call over the
+    split would derive it, so chunks give what one call gives.
     Returns the entry and how many of its rows an earlier run had generated."""
     sampling = cfg.temperature > 0
     seeds = row_seeds(cfg.seed, len(examples) * cfg.samples) if sampling else None
@@ -348,8 +349,8 @@ def generate_chunks(model: LazyModel, examples, cfg: EvalConfig, cache: Cache, k
             resumed += len(chunk["rows"])
         else:
             span = slice(start * cfg.samples, (start + len(part)) * cfg.samples)
-            out = rollout(model.engine(), None, part, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
-                          seeds[span] if seeds else None, cfg.samples, cfg.top_p, progress=label).generation
+            out = rollout(model.engine(), scorer, part, cfg.max_new_tokens, cfg.batch_size, cfg.temperature,
+                          seeds[span] if seeds else None, cfg.samples, cfg.top_p, progress=label, score=False).generation
             chunk = {"chunk": start, "seconds": out.seconds, "tokens": out.total_tokens,
                      "rows": [dict(id=e.id, sample=j % cfg.samples, completion=text, tokens=n, finished=done,
                                    token_ids=ids)
@@ -397,10 +398,9 @@ def summarize_split(rows: list[dict[str, Any]], entry: dict[str, Any], cfg: Eval
     per_prompt = [[r["correct"] for r in rows[i:i + cfg.samples]] for i in range(0, len(rows), cfg.samples)]
     passk, pass_all = pass_at_ks(per_prompt), pass_hat_ks(per_prompt)
     rewards = [r["reward"] for r in rows]
-    parts: dict[str, list[float]] = {}
-    for r in rows:
-        for name, value in (r["parts"] or {}).items():
-            parts.setdefault(name, []).append(value)
+    # A part a row lacks counts 0 (a key only some turns or episodes report is not their average).
+    names = list(dict.fromkeys(name for r in rows for name in (r["parts"] or {})))
+    parts = {name: [(r["parts"] or {}).get(name, 0.0) for r in rows] for name in names}
     reward_mean, reward_std = mean_std(rewards)
     kl_mean, kl_std = mean_std(kl) if kl is not None else (None, None)
     return {"pass@1": passk.get(1, 0.0), "pass@k": {str(k): v for k, v in passk.items()},
@@ -453,10 +453,18 @@ def run(cfg: EvalConfig) -> list[dict[str, Any]]:
             kl = measure_kl(model, base, examples, entry, key, cfg, cache) if base is not None else None
             rows = [{k: v for k, v in r.items() if k != "token_ids"} | ({"kl": kl[i]} if kl else {})
                     for i, r in enumerate(entry["rows"])]
-            summary = summary_header(cfg, spec, env_id, env_args, split, model, base) | summarize_split(rows, entry, cfg, kl)
+            summary = summary_header(cfg, spec, env_id, env_args, split, model, base, env.stop_strings) | \
+                summarize_split(rows, entry, cfg, kl)
             summary["cached"], summary["cached_rows"] = from_cache == len(rows), from_cache
             write_split(out_dir, cfg, spec, env_id, split, rows, summary)
             print(_line(summary), flush=True)
+            if "turns" in rows[0]:  # episodes that mostly never reached the env: say so, and how to look
+                tally = EpisodeTally()
+                tally.add(rows)
+                warning = cut_short(tally, cfg.max_new_tokens, env.stop_strings,
+                                    check_command(cfg.env, cfg.env_args, cfg.model, cfg.max_new_tokens))
+                if warning:
+                    print(f"{env_id}/{split}: {warning}", file=sys.stderr, flush=True)
             summaries.append(summary)
             if tracker is not None:
                 tracker.log(tracked_numbers(summary, split if len(splits) > 1 else None), spec.iteration or 0)
@@ -538,9 +546,11 @@ def _default_out(spec: ModelSpec) -> Path:
 
 
 def summary_header(cfg: EvalConfig, spec: ModelSpec, env_id: str, env_args: dict, split: str, model: LazyModel,
-                   base: LazyModel | None) -> dict[str, Any]:
-    """What a split's summary records besides its numbers: the env, model, decoding and engine."""
-    return {"env": env_id, "env_args": env_args, "data": cfg.data, "split": split, "model": spec.path,
+                   base: LazyModel | None, stop_strings: tuple[str, ...] = ()) -> dict[str, Any]:
+    """What a split's summary records besides its numbers: the env (its options and the stop strings
+    its turns end at), model, decoding and engine."""
+    return {"env": env_id, "env_args": env_args, "stop_strings": list(stop_strings), "data": cfg.data, "split": split,
+            "model": spec.path,
             "method": spec.method, "base_model": spec.base_model, "run": spec.run, "iteration": spec.iteration,
             "seed": spec.seed, "hparams": spec.hparams, "samples": cfg.samples, "temperature": cfg.temperature,
             "top_p": cfg.top_p, "sampling_seed": cfg.seed, "max_new_tokens": cfg.max_new_tokens, "limit": cfg.limit,

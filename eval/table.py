@@ -10,12 +10,19 @@ of k responses correct, and all k of them), and, for multi-turn environments, an
 Arguments are summary files (``*.summary.json`` written by ``python -m eval``) or directories
 searched for them; a trainer run without harness results contributes the held-out evaluations
 of its own log (see ``eval.load_results``).
+
+A row (a cell of Table 1) averages only like evaluations: records of one model and method that
+differ in any setting that changes the result (``SETTINGS``: the env's options, the data, the
+number of prompts, the token budget, the decoding, the dtype, device and engine, the
+hyperparameters) are never averaged, but shown on rows of their own, each label naming the
+settings it differs in; only seeds are averaged.
 """
 
 from __future__ import annotations
 
 import csv
 import io
+import json
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -34,6 +41,10 @@ DASH = "–"
 #: never bold.
 COMPARABLE = (("n", "†", "number of held-out prompts (n)"), ("max_new_tokens", "‡", "max_new_tokens"),
               ("source", "§", "source"))
+#: What a record's numbers depend on besides the model and its training seed: records that differ
+#: in one of these are unlike evaluations, never averaged into one row or cell.
+SETTINGS = ("env_args", "stop_strings", "data", "n", "max_new_tokens", "samples", "temperature", "top_p", "kl_to",
+            "dtype", "device", "engine", "hparams", "source")
 
 
 @dataclass
@@ -90,6 +101,50 @@ def _bold_best(table: Table, row: int, cols: list[int], values: list[float | Non
         table.bold |= {(row, c) for c, v in zip(cols, values) if v is not None and round(v, 1) == round(top, 1)}
 
 
+def _value(record: dict[str, Any], key: str) -> Any:
+    """A record's setting, as compared: a missing source is the harness's, missing stop strings are
+    none (no env had any before summaries recorded them)."""
+    if key == "source":
+        return setting(record, key)
+    if key == "stop_strings":
+        return list(record.get(key) or [])
+    return record.get(key)
+
+
+def record_settings(record: dict[str, Any]) -> tuple[str, ...]:
+    """The record's ``SETTINGS``, comparable."""
+    return tuple(json.dumps(_value(record, k), sort_keys=True, default=str) for k in SETTINGS)
+
+
+def _settings_text(record: dict[str, Any], keys: list[str]) -> str:
+    """``max_new_tokens=48, env_args={"opening": false}``: the record's values of ``keys``."""
+    return ", ".join(f"{k}={json.dumps(_value(record, k), sort_keys=True, default=str)}" for k in keys)
+
+
+def like_groups(records: list[dict[str, Any]]) -> list[tuple[str, list[dict[str, Any]]]]:
+    """``records`` (one model and method) split into groups of like evaluations (equal
+    ``SETTINGS``), the most numerous first, each with the text of the settings it differs from
+    the others in ("" when all are alike)."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(record_settings(r), []).append(r)
+    if len(groups) == 1:
+        return [("", records)]
+    keys = [k for i, k in enumerate(SETTINGS) if len({key[i] for key in groups}) > 1]
+    ordered = sorted(groups.values(), key=len, reverse=True)
+    return [(_settings_text(rs[0], keys), rs) for rs in ordered]
+
+
+def like_rows(labelled: dict[str, list[dict[str, Any]]]) -> dict[str, list[dict[str, Any]]]:
+    """Rows of like evaluations: each label's records split by ``like_groups``; a label with
+    several groups gets one row each, its label followed by the settings that tell them apart."""
+    rows: dict[str, list[dict[str, Any]]] = {}
+    for label, records in labelled.items():
+        for text, group in like_groups(records):
+            rows[f"{label} ({text})" if text else label] = group
+    return rows
+
+
 # ----- Table 1 ---------------------------------------------------------------------------------------
 
 
@@ -131,8 +186,10 @@ def method_table(records: list[dict[str, Any]], paper: bool = False) -> list[Tab
     greedy = [r for r in records if is_greedy(r)]
     multi = {env for (env,), rs in group_by(greedy, ("env",)).items() if len({r["split"] for r in rs}) > 1}
     for (env, split), group in group_by([r for r in greedy if r["env"] not in multi], ("env", "split")).items():
-        measured = {(model_name(str(base)), method): finals(rs)
-                    for (base, method), rs in group_by(group, ("base_model", "method")).items()}
+        measured = {}  # (row, method) -> like records: a cell's unlike records go to rows of their own
+        for (base, method), rs in group_by(group, ("base_model", "method")).items():
+            for k, (text, like) in enumerate(like_groups(finals(rs))):  # the most numerous stays on the base's row
+                measured[(model_name(str(base)) + (f" ({text})" if text and k else ""), method)] = like
         cells = {cell: [100 * r["pass@1"] for r in rs] for cell, rs in measured.items()}
         marks, flag_notes = flag_differences(measured)
         published = paper_data.ACCURACY.get(env, {}) if paper else {}
@@ -171,11 +228,15 @@ def split_table(records: list[dict[str, Any]]) -> list[Table]:
             continue
         declared = _eval_splits(env)
         splits = [s for s in declared if s in splits] + [s for s in splits if s not in declared]
-        cells: dict[str, dict[str, list[float]]] = {}
+        labelled: dict[str, list[dict[str, Any]]] = {}
         for r in group:
             label = f"{model_name(str(r.get('base_model')))} {r['method']}"
             label += f" (iter {r['iteration']})" if r.get("iteration") is not None else ""
-            cells.setdefault(label, {}).setdefault(r["split"], []).append(100 * r["pass@1"])
+            labelled.setdefault(label, []).append(r)
+        cells: dict[str, dict[str, list[float]]] = {}
+        for label, rs in like_rows(labelled).items():
+            for r in rs:
+                cells.setdefault(label, {}).setdefault(r["split"], []).append(100 * r["pass@1"])
         table = Table(f"{env}: pass@1 (%) per split", ["Model", *splits, "Average"])
         columns: list[list[float | None]] = []
         for label, by_split in cells.items():
@@ -203,9 +264,9 @@ def _solved_at_turn(records: list[dict[str, Any]]) -> str:
 
 def episode_table(records: list[dict[str, Any]]) -> list[Table]:
     """Per multi-turn environment and split (records with ``turns_mean``): rows model + method (+
-    checkpoint); pass@1 (%), the largest pass@k measured (%), mean return, turns, tool calls and tool
-    errors per episode, and the % of episodes solved at turn 1, 2, ... (records before it: "–"), each
-    a mean over the records (seeds) of a row."""
+    checkpoint, + the settings that tell unlike evaluations apart); pass@1 (%), the largest pass@k
+    measured (%), mean return, turns, tool calls and tool errors per episode, and the % of episodes
+    solved at turn 1, 2, ... (records before it: "–"), each a mean over the records (seeds) of a row."""
     tables = []
     for (env, split), group in group_by([r for r in records if "turns_mean" in r], ("env", "split")).items():
         table = Table(f"{env} ({split}): multi-turn episodes", ["Model", "pass@1 (%)", "pass@k (%)", "Return",
@@ -217,7 +278,7 @@ def episode_table(records: list[dict[str, Any]]) -> list[Table]:
             label += f" (iter {r['iteration']})" if r.get("iteration") is not None else ""
             label += "" if is_greedy(r) else f", sampled x{r.get('samples')}"
             rows.setdefault(label, []).append(r)
-        for label, rs in rows.items():
+        for label, rs in like_rows(rows).items():
             k = max(int(x) for r in rs for x in (r.get("pass@k") or {"1": 0}))
             passk = [100 * (r.get("pass@k") or {}).get(str(k), r["pass@1"]) for r in rs]
             table.rows.append([label, f"{_mean([100 * r['pass@1'] for r in rs]):.1f}", f"{_mean(passk):.1f} (k={k})",

@@ -107,6 +107,10 @@ class TaskEnv(gym.Env[str, str]):
     #: How the assistant's turn begins in every example that does not bring its own opening
     #: (generation continues it; the scorer sees it followed by the completion). "" = none.
     opening: ClassVar[str] = ""
+    #: Strings that end a turn: generation stops at the first one the model writes, and the turn
+    #: is its text up to and including it (``</answer>``, ``</tool_call>``). () = only the model's
+    #: end-of-turn token (or the token budget) ends it.
+    stop_strings: tuple[str, ...] = ()
 
     def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, opening: bool | str = True):
         if data is not None and not isinstance(data, Mapping):
@@ -141,6 +145,11 @@ class TaskEnv(gym.Env[str, str]):
     def prepare_scoring(self) -> None:
         """Import or build what scoring needs; each worker process calls it once before its
         first item, so slow imports (sympy) do not count against an item's time."""
+
+    def good_reply(self, example: Example) -> str | None:
+        """A turn that solves ``example`` (the text after its opening), which ``python -m
+        llm_envs.check`` steps to show the env rewarding it; ``None`` (the default): not known."""
+        return None
 
     # ----- batch API for trainers -----------------------------------------------------------
     def examples(self, split: str = "train") -> Sequence[Example]:

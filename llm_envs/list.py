@@ -4,13 +4,19 @@ The built-in environments come first (``llm_envs.ENV_IDS``, described by their c
 then the reasoning-gym tasks (``rg/<task>-v0``, described by reasoning-gym's docstrings; listing
 them imports reasoning-gym, about a second). ``--namespace rg`` (or ``none``) keeps one group, a
 ``FILTER`` word keeps the ids or descriptions that contain it, ``--fields`` adds each rg task's
-config fields (the keyword arguments ``gym.make`` takes) with their defaults.
+config fields (the keyword arguments ``gym.make`` takes) with their defaults. ``--module my_envs``
+(repeatable) imports a module of your own first: the envs it registers are listed after the
+built-in ones, marked with their ``my_envs:`` prefix (how trainers and ``python -m llm_envs.check``
+name them).
+
+    python -m llm_envs.list --module my_envs --namespace none
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -53,11 +59,24 @@ def field_defaults(task: str) -> str:
     return ", ".join(parts)
 
 
-def rows(namespace: str | None, fields: bool) -> list[tuple[str, str]]:
-    """``(env id, description)`` of every registered env in ``namespace`` (``None``: all)."""
+def import_modules(modules: Sequence[str]) -> dict[str, str]:
+    """Import ``modules`` (users' env modules); ``{env id: module}`` of the ids they registered."""
+    own = {}
+    for module in modules:
+        before = list(llm_envs.ENV_IDS)
+        importlib.import_module(module)
+        own |= {env_id: module for env_id in llm_envs.ENV_IDS if env_id not in before}
+    return own
+
+
+def rows(namespace: str | None, fields: bool, own: dict[str, str] | None = None) -> list[tuple[str, str]]:
+    """``(env id, description)`` of every registered env in ``namespace`` (``None``: all); the ids
+    of ``own`` (``import_modules``) as ``module:id``."""
     out = []
+    own = own or {}
     if namespace in (None, "none"):
-        out += [(env_id, builtin_description(env_id)) for env_id in llm_envs.ENV_IDS]
+        out += [(f"{own[env_id]}:{env_id}" if env_id in own else env_id, builtin_description(env_id))
+                for env_id in llm_envs.ENV_IDS]
     if namespace in (None, rg.NAMESPACE):
         for task in rg.register_installed():
             text = rg.describe(task)
@@ -76,8 +95,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="only this namespace ('none': the built-in environments)")
     parser.add_argument("--fields", action="store_true",
                         help="also print each rg task's config fields, with defaults")
+    parser.add_argument("--module", action="append", default=[], metavar="MODULE",
+                        help="import this module of your own first and list the envs it registers (repeatable)")
     args = parser.parse_args(argv)
-    found = rows(args.namespace, args.fields)
+    try:
+        own = import_modules(args.module)
+    except ImportError as exc:
+        parser.error(f"--module: cannot import {exc.name or ''}: {exc}")
+    found = rows(args.namespace, args.fields, own)
     if args.filter:
         word = args.filter.lower()
         found = [(i, d) for i, d in found if word in i.lower() or word in d.lower()]

@@ -5,8 +5,8 @@ protocol, on chat messages:
 
 - ``reset(options=...)`` -> ``(messages, info)``: the first prompt (the example's chat messages);
 - ``step(assistant_text)`` -> ``(messages, reward, terminated, truncated, info)``: the env's reply
-  (``user`` or ``tool`` messages; none once the episode ended), this turn's reward, whether the env
-  ended the episode and whether a limit did (``max_turns``).
+  (``user`` or ``tool`` messages; on the last turn whatever the env said, often nothing), this
+  turn's reward, whether the env ended the episode and whether a limit did (``max_turns``).
 
 The episode's **return** is the sum of its turns' rewards: a final verifiable reward on the last
 turn, plus optional per-turn rewards. ES trains on returns; the RL trainers on returns with the
@@ -19,7 +19,18 @@ A subclass writes the ``TaskEnv`` hooks that build examples (``build_split``, ``
 - ``respond(text, state, example)``: the env's ``Reply`` to one assistant turn (``text`` is the
   whole turn, an example's opening included); it may update ``state`` in place;
 - ``tools()``: the tools it offers (``llm_envs.tools``); a turn that calls one is answered by the
-  tools' ``tool`` messages (reward 0) and ``respond`` is not called for it.
+  tools' ``tool`` messages (reward 0) and ``respond`` is not called for it. A tool's function may
+  take ``state`` and ``example``: the episode's, filled by the env, never shown to the model.
+
+**Replies.** A ``Reply`` that does not end the episode (``done=False``) must answer the model with
+at least one message; one without is an env bug, and the turn fails with that error (the episode
+ends, reward 0, ``error`` set), the same in ``step`` and in the batched runner. An env's reply on
+the turn that ends the episode (``done=True``, or the last turn a limit allows) is returned by
+``step`` and kept in the runner's conversation record, though the model never reads it.
+
+**Options every multi-turn env takes**: ``max_turns`` (assistant turns per episode) and
+``stop_strings`` (strings that end a turn, kept in it; the class attribute by default, e.g.
+``</tool_call>`` and ``</answer>``): ``--env-args '{"max_turns": 3}'``.
 
 **Bounded in time.** Every turn is processed by ``score_completion`` on a ``TurnExample`` (the
 episode's state, turn number and example), through the scoring path itself: ``step`` through
@@ -30,9 +41,9 @@ call gets ``tool_timeout`` of it. A turn not processed in time ends the episode 
 ``error="timeout"``; a tool call not done in time is an error message to the model.
 
 **Limits.** ``max_turns`` assistant turns (``truncated`` when the last one did not end the
-episode), and, in the batched runner, ``max_episode_tokens`` tokens after the first prompt (model
-and env tokens; ``truncated`` when they run out). A single-turn ``TaskEnv`` is the one-turn case:
-the runner gives it the one-call rollout it always had.
+episode), and, in the batched runner, ``episode_tokens(max_new_tokens)`` tokens after the first
+prompt (model and env tokens; ``truncated`` when they run out). A single-turn ``TaskEnv`` is the
+one-turn case: the runner gives it the one-call rollout it always had.
 
 Scoring a plain completion (``score``, ``score_batch``, TRL's ``EnvReward``) scores it as the
 first turn of an episode: ``respond``'s reward, or 0 for a tool call.
@@ -116,8 +127,20 @@ class MultiTurnEnv(TaskEnv):
     #: Tool calls run per turn (more are answered with an error).
     max_tool_calls: ClassVar[int] = 4
 
-    def __init__(self, *args: Any, **kwargs: Any):
+    def __init__(self, *args: Any, max_turns: int | None = None, stop_strings: Sequence[str] | None = None,
+                 **kwargs: Any):
+        """``max_turns``: assistant turns per episode (default: the class's); ``stop_strings``: strings
+        that end a turn (default: the class's ``stop_strings``; ``[]``: none). Other arguments are
+        ``TaskEnv``'s (``data``, ``seed``, ``opening``)."""
         super().__init__(*args, **kwargs)
+        if max_turns is not None:
+            if not isinstance(max_turns, int) or isinstance(max_turns, bool) or max_turns < 1:
+                raise ValueError(f"max_turns must be an int >= 1, got {max_turns!r}")
+            self.max_turns = max_turns
+        if stop_strings is not None:
+            if isinstance(stop_strings, str) or not all(isinstance(x, str) and x for x in stop_strings):
+                raise ValueError(f"stop_strings must be a list of non-empty strings, got {stop_strings!r:.80}")
+            self.stop_strings = tuple(stop_strings)
         self.observation_space = Messages()
         self._episode: dict[str, Any] | None = None
 
@@ -134,9 +157,17 @@ class MultiTurnEnv(TaskEnv):
         """The tools the model may call (default: none)."""
         return ()
 
-    def episode_tokens(self) -> int:
-        """The token budget of an episode after its first prompt (``max_episode_tokens``)."""
-        return self.max_episode_tokens or self.max_turns * (self.max_new_tokens + 256)
+    def episode_tokens(self, max_new_tokens: int | None = None) -> int:
+        """The token budget of an episode after its first prompt: ``max_episode_tokens``, else
+        ``max_turns * (max_new_tokens + 256)``, with the run's ``max_new_tokens`` per turn (default:
+        the env's)."""
+        return self.max_episode_tokens or self.max_turns * ((max_new_tokens or self.max_new_tokens) + 256)
+
+    def model_tokens(self, max_new_tokens: int | None = None) -> int:
+        """The most tokens the model can write in one episode: ``max_new_tokens`` (the run's,
+        default the env's) in each of ``max_turns`` turns, within ``episode_tokens``."""
+        per_turn = max_new_tokens or self.max_new_tokens
+        return min(self.max_turns * per_turn, self.episode_tokens(per_turn))
 
     # ----- one turn, through the scoring path ------------------------------------------------------
     def score_completion(self, completion: str, example: Example) -> Score:
@@ -152,12 +183,15 @@ class MultiTurnEnv(TaskEnv):
         state = copy.deepcopy(turn.state)
         tools = self.tools()
         if tools and has_tool_call(text):
-            results = run_tool_calls(text, tools, self.tool_timeout, self.max_tool_calls)
+            results = run_tool_calls(text, tools, self.tool_timeout, self.max_tool_calls, state, turn.example)
             return TurnScore(0.0, False, messages=results.messages, state=state, tool_calls=results.calls,
                              tool_errors=results.errors)
         reply = self.respond(text, state, turn.example)
         if not isinstance(reply, Reply):
             raise TypeError(f"{type(self).__name__}.respond must return a Reply, got {type(reply).__name__}")
+        if not reply.done and not reply.messages:  # the model would be asked to go on with nothing said
+            raise ValueError(f"{type(self).__name__}.respond returned Reply(done=False) with no messages: a reply "
+                             f"that does not end the episode must answer the model")
         return TurnScore(float(reply.reward), bool(reply.correct), dict(reply.parts), messages=list(reply.messages),
                          done=bool(reply.done), state=state)
 
@@ -185,13 +219,26 @@ class MultiTurnEnv(TaskEnv):
             ep["state"] = out.state
             ep["tool_calls"] += out.tool_calls
             ep["tool_errors"] += out.tool_errors
-        messages = [] if terminated or truncated else list(getattr(out, "messages", []))
+        messages = list(getattr(out, "messages", []))  # the env's last reply too: Gymnasium's final observation
         info = {"example_id": example.id, "turn": ep["turn"], "return": ep["return"], "correct": out.correct,
                 "parts": out.parts, "error": out.error, "tool_calls": ep["tool_calls"],
                 "tool_errors": ep["tool_errors"]}
         if terminated or truncated:
             self._episode = None
         return messages, float(out.reward), terminated, truncated, info
+
+
+def turn_limit(attempts: int | None, max_turns: int | None, default: int) -> int:
+    """The turns of an env whose own option is ``attempts`` and that takes every multi-turn env's
+    ``max_turns`` too: the one given (``default`` when neither is); both at once must agree."""
+    if attempts is not None and max_turns is not None and attempts != max_turns:
+        raise ValueError(f"attempts={attempts!r} and max_turns={max_turns!r} name the same limit: give one")
+    name, turns = ("attempts", attempts) if attempts is not None else ("max_turns", max_turns)
+    if turns is None:
+        return default
+    if not isinstance(turns, int) or isinstance(turns, bool) or turns < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {turns!r}")
+    return turns
 
 
 def is_multiturn(env: Any) -> bool:

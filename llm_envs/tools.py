@@ -5,6 +5,17 @@ the model in the Qwen/Hermes format, run under a time bound, answered with ``too
 ``Tool`` whose JSON schema comes from transformers' ``get_json_schema`` (the schema
 ``apply_chat_template(tools=...)`` takes); ``Tool(name, function, schema)`` gives one by hand.
 
+**The episode a call belongs to.** A tool's function may take either or both of two parameters
+that the model never sees (``EPISODE_PARAMETERS``; left out of the schema, and a call that names
+them is refused as an unknown argument):
+
+- ``state``: the episode's state (what the env's ``begin(example)`` returned, as ``respond`` gets
+  it), which the tool may read and update in place: the update is the episode's from then on;
+- ``example``: the episode's ``Example``, hidden answer included (a secret code, a solution).
+
+So a tool that reveals one digit of a hidden code reads ``example.answer`` and counts the reveal in
+``state``; no other door into the episode is needed.
+
 **Calling.** The model calls a tool by writing, anywhere in its turn::
 
     <tool_call>{"name": "calculator", "arguments": {"expression": "3 * (4 + 5)"}}</tool_call>
@@ -29,8 +40,10 @@ execute model-written code in the process it runs in: run such code through
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
+import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,6 +58,8 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,),
     "array": (list,), "object": (dict,), "null": (type(None),),
 }
+#: Parameters of a tool's function that the env fills from the episode, never the model.
+EPISODE_PARAMETERS = ("state", "example")
 
 
 @dataclass(frozen=True)
@@ -60,16 +75,45 @@ class Tool:
     def parameters(self) -> dict[str, Any]:
         return self.schema.get("function", {}).get("parameters", {}) or {}
 
+    @property
+    def episode_parameters(self) -> tuple[str, ...]:
+        """Which of ``EPISODE_PARAMETERS`` the function takes (the env passes them)."""
+        try:
+            names = inspect.signature(self.function).parameters
+        except (TypeError, ValueError):  # a builtin without a signature
+            return ()
+        return tuple(p for p in EPISODE_PARAMETERS if p in names)
+
 
 def tool(function: Callable[..., Any], name: str | None = None) -> Tool:
     """A ``Tool`` from a typed callable with a Google-style docstring (transformers'
-    ``get_json_schema``; it raises on a missing type hint or argument description)."""
+    ``get_json_schema``; it raises on a missing type hint or argument description). The
+    parameters ``state`` and ``example`` (``EPISODE_PARAMETERS``) are the env's to fill: they need
+    neither a type hint nor a description, and the schema leaves them out."""
     from transformers.utils import get_json_schema
 
-    schema = get_json_schema(function)
+    schema = get_json_schema(_model_facing(function))
     if name:
         schema["function"]["name"] = name
     return Tool(schema["function"]["name"], function, schema)
+
+
+def _model_facing(function: Callable[..., Any]) -> Callable[..., Any]:
+    """``function`` as the model sees it: a stand-in without the episode's parameters (its
+    signature, resolved type hints, name and docstring), for ``get_json_schema``."""
+    signature = inspect.signature(function)
+    if not any(p in signature.parameters for p in EPISODE_PARAMETERS):
+        return function
+    hints = typing.get_type_hints(function)
+
+    def stand_in(*args: Any, **kwargs: Any) -> Any:
+        return function(*args, **kwargs)
+
+    stand_in.__signature__ = signature.replace(
+        parameters=[p for p in signature.parameters.values() if p.name not in EPISODE_PARAMETERS])
+    stand_in.__annotations__ = {k: v for k, v in hints.items() if k not in EPISODE_PARAMETERS}
+    stand_in.__name__, stand_in.__doc__ = function.__name__, function.__doc__
+    return stand_in
 
 
 def tool_prompt(tools: Sequence[Tool]) -> str:
@@ -97,9 +141,12 @@ class ToolResults:
     errors: int
 
 
-def run_tool_calls(text: str, tools: Sequence[Tool], timeout: float = 5.0, max_calls: int = 4) -> ToolResults:
+def run_tool_calls(text: str, tools: Sequence[Tool], timeout: float = 5.0, max_calls: int = 4, state: Any = None,
+                   example: Example | None = None) -> ToolResults:
     """Run every ``<tool_call>`` of ``text`` (an unclosed one is a malformed call) against
-    ``tools``; each failure is an ``error:`` message, never an exception."""
+    ``tools``; each failure is an ``error:`` message, never an exception. ``state`` and ``example``
+    are the episode's, passed to the tools that take them (updates to ``state`` stay in it)."""
+    episode = {"state": state, "example": example}
     by_name = {t.name: t for t in tools}
     blocks = TOOL_CALL.findall(text)
     if text.count("<tool_call>") > len(blocks):
@@ -109,13 +156,13 @@ def run_tool_calls(text: str, tools: Sequence[Tool], timeout: float = 5.0, max_c
         if k >= max_calls:
             name, content = "", f"error: at most {max_calls} tool calls per turn; this one was not run"
         else:
-            name, content = _call(block, by_name, timeout)
+            name, content = _call(block, by_name, timeout, episode)
         errors += content.startswith("error:")
         messages.append({"role": "tool", "name": name, "content": content[:MAX_OUTPUT_CHARS]})
     return ToolResults(messages, len(blocks), errors)
 
 
-def _call(block: str | None, tools: Mapping[str, Tool], timeout: float) -> tuple[str, str]:
+def _call(block: str | None, tools: Mapping[str, Tool], timeout: float, episode: Mapping[str, Any]) -> tuple[str, str]:
     """(tool name, result text or ``error: ...``) of one call block."""
     if block is None:
         return "", "error: malformed tool call: <tool_call> without </tool_call>"
@@ -136,7 +183,8 @@ def _call(block: str | None, tools: Mapping[str, Tool], timeout: float) -> tuple
     problem = check_arguments(arguments, tools[name].parameters)
     if problem:
         return name, f"error: bad arguments for {name}: {problem}"
-    return name, _bounded(tools[name], arguments, timeout)
+    hidden = {p: episode.get(p) for p in tools[name].episode_parameters}
+    return name, _bounded(tools[name], arguments, timeout, hidden)
 
 
 def check_arguments(arguments: Any, parameters: Mapping[str, Any]) -> str | None:
@@ -173,15 +221,15 @@ class _ToolRun:
 
     score_workers = 0
 
-    def __init__(self, tool: Tool, timeout: float):
-        self.tool, self.score_timeout = tool, timeout
+    def __init__(self, tool: Tool, timeout: float, hidden: Mapping[str, Any]):
+        self.tool, self.score_timeout, self.hidden = tool, timeout, hidden
 
     def prepare_scoring(self) -> None:
         pass
 
     def score_completion(self, completion: str, example: Example) -> Score:
         try:
-            result = self.tool.function(**json.loads(completion))
+            result = self.tool.function(**json.loads(completion), **self.hidden)
         except Exception as exc:  # the tool's own failure is an answer to the model
             return _Output(0.0, False, text=f"error: {self.tool.name} raised {type(exc).__name__}: {exc}")
         return _Output(0.0, True, text=result if isinstance(result, str) else json.dumps(result, default=str))
@@ -190,10 +238,11 @@ class _ToolRun:
 _NO_EXAMPLE = Example("tool-call", [], None)
 
 
-def _bounded(tool: Tool, arguments: dict[str, Any], timeout: float) -> str:
+def _bounded(tool: Tool, arguments: dict[str, Any], timeout: float, hidden: Mapping[str, Any]) -> str:
     """The tool's result text, within ``timeout`` seconds where a timer can bound it (the main
-    thread: always so in scoring workers and in-process turns)."""
-    run = _ToolRun(tool, timeout)
+    thread: always so in scoring workers and in-process turns); ``hidden``: the episode's
+    parameters the tool takes."""
+    run = _ToolRun(tool, timeout, hidden)
     payload = json.dumps(arguments)
     if not timer_usable():  # off the main thread turns run in worker processes, bounded there
         out = run.score_completion(payload, _NO_EXAMPLE)

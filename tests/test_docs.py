@@ -124,3 +124,20 @@ def test_slugs_follow_githubs_rule():
         "low-rank-noise-the-whole-population-in-one-generation---noise-lowrank"
     assert slug("Openings of the assistant's turn") == "openings-of-the-assistants-turn"
     assert slug("`trainers.sweep`: selection on validation") == "trainerssweep-selection-on-validation"
+
+
+def test_the_docs_name_every_multi_turn_env():
+    """Where a page lists the multi-turn envs, it lists all of them (they were said to be three)."""
+    import llm_envs
+    from llm_envs.multiturn import MultiTurnEnv
+    from llm_envs.registry import env_class
+
+    multi = [i for i in llm_envs.ENV_IDS if issubclass(env_class(i), MultiTurnEnv)
+             and env_class(i).__module__.startswith("llm_envs.")]  # not the tests' own
+    assert len(multi) == 4
+    for page in (ROOT / "README.md", ROOT / "docs" / "environments.md", ROOT / "docs" / "es.md", ROOT / "docs" / "rl.md"):
+        text = page.read_text()
+        assert all(env_id in text for env_id in multi), page
+        assert not re.search(r"(three|3) multi-turn|all three envs", text), page
+    assert "four multi-turn" in (ROOT / "docs" / "environments.md").read_text()
+    assert "five environments" not in (ROOT / "docs" / "README.md").read_text()

@@ -14,7 +14,7 @@ import llm_envs
 from llm_envs import Example, MultiTurnEnv, Reply, chat, tool
 from llm_envs.multiturn import TurnExample
 from llm_envs.tools import run_tool_calls
-from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes
+from trainers.common.episodes import _lowrank_call, bridge_ids, run_episodes, turn_seed
 from trainers.common.rollout import rollout
 from trainers.engines import make_engine
 from trainers.engines.generation import GenerationResult, TokenIds, encode_prompts
@@ -225,7 +225,9 @@ def test_episodes_keep_exact_ids_and_mask_env_tokens(tiny_tokenizer):
         sampled = tiny_tokenizer("<guess>0</guess>", add_special_tokens=False)["input_ids"] + [tiny_tokenizer.eos_token_id]
         assert model == sampled * 3
         assert env_side == 2 * bridge_ids(tiny_tokenizer, [{"role": "user", "content": "Higher."}])
-        assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant", "user", "assistant"]
+        # the env's reply to the last turn stays in the record, though the model never reads it
+        assert [m["role"] for m in ep.messages] == ["user", "assistant", "user", "assistant", "user", "assistant", "user"]
+        assert ep.messages[-1]["content"] in ("Higher.", "Lower.") and ep.cut is False
 
 
 def test_finished_episodes_leave_the_batch(tiny_tokenizer):
@@ -252,14 +254,23 @@ def test_the_token_budget_truncates(tiny_tokenizer):
 
 
 def test_a_rows_sampled_episode_depends_on_its_seed_alone(tiny_model, tiny_tokenizer):
-    env = llm_envs.make("GuessNumber-v0", max_turns=2)
+    """Each row of a batch samples exactly what it samples alone, over several turns (its turns end
+    at stop strings it writes), and rows with other seeds sample something else."""
+    env = llm_envs.make("GuessNumber-v0", max_turns=3, stop_strings=list(" aeinost"))
     examples = env.examples("test")[:3]
     engine = make_engine("hf", tiny_model, tiny_tokenizer)
     with llm_envs.BatchScorer(env, 0) as scorer:
-        both = run_episodes(engine, scorer, examples, 8, temperature=1.0, seed=[11, 22, 33])
-        alone = run_episodes(engine, scorer, examples[1:2], 8, temperature=1.0, seed=[22])
-    assert alone[0].ids == both[1].ids and alone[0].mask == both[1].mask
-    assert both[0].ids != both[1].ids or both[0].example.id != both[1].example.id
+        both = run_episodes(engine, scorer, examples, 6, temperature=1.0, seed=[11, 22, 33])
+        alone = [run_episodes(engine, scorer, examples[k:k + 1], 6, temperature=1.0, seed=[s])[0]
+                 for k, s in enumerate([11, 22, 33])]
+        other = run_episodes(engine, scorer, examples[1:2], 6, temperature=1.0, seed=[23])
+    assert sum(ep.turns for ep in both) > 3  # several turns, so later turns' seeds are exercised
+    for a, b in zip(alone, both):
+        assert (a.ids, a.mask, a.turns) == (b.ids, b.mask, b.turns)
+    assert other[0].ids != both[1].ids
+    assert any(0 in ep.mask for ep in both)  # an env reply was stitched in
+    # turn 0 draws from the row's seed, each later turn from one derived from (the row's seed, turn)
+    assert turn_seed(22, 0) == 22 and len({turn_seed(s, t) for s in (11, 22) for t in (0, 1, 2)}) == 6
 
 
 def test_lowrank_rows_stay_member_major_as_episodes_leave():
@@ -326,3 +337,141 @@ def test_bridge_ids_under_qwen25s_template(tiny_tokenizer):
     tools = [{"role": "tool", "name": "calculator", "content": "70"}, {"role": "tool", "name": "calculator", "content": "7"}]
     assert tok.decode(bridge_ids(tok, tools)) == ("\n<|im_start|>user\n<tool_response>\n70\n</tool_response>\n"
                                                    "<tool_response>\n7\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+
+
+# ----- tools that see their episode; replies; options ---------------------------------------------------
+
+
+def peek(position: int, state: dict, example: Example) -> str:
+    """Reveal one character of the hidden answer.
+
+    Args:
+        position: which character, from 1
+    """
+    state["peeks"] += 1
+    return f"{example.answer[position - 1]} (peek {state['peeks']})"
+
+
+class HiddenEnv(MultiTurnEnv):
+    """Say the hidden word; ``peek`` reveals its characters and is counted in the state."""
+
+    max_new_tokens = 16
+    score_workers = 0
+    max_turns = 4
+
+    def build_split(self, split):
+        return [Example(f"{split}-{i}", chat("Say the hidden word."), word) for i, word in enumerate(["cat", "dog"])]
+
+    def tools(self):
+        return [tool(peek)]
+
+    def begin(self, example):
+        return {"peeks": 0}
+
+    def respond(self, text, state, example):
+        ok = text.strip() == example.answer
+        return Reply(reward=float(ok) - 0.1 * state["peeks"], done=True, correct=ok, parts={"peeks": state["peeks"]})
+
+
+def test_a_tool_reads_the_hidden_example_and_updates_the_episodes_state():
+    schema = tool(peek).schema["function"]["parameters"]
+    assert list(schema["properties"]) == ["position"] and schema["required"] == ["position"]  # state, example hidden
+    env = HiddenEnv()
+    env.reset(options={"split": "test", "index": 1})
+    call = '<tool_call>{"name": "peek", "arguments": {"position": %d}}</tool_call>'
+    obs, *_ = env.step(call % 1)
+    assert obs == [{"role": "tool", "name": "peek", "content": "d (peek 1)"}]
+    obs, *_ = env.step(call % 2)
+    assert obs[0]["content"] == "o (peek 2)"  # the state carried over from the last turn
+    obs, *_ = env.step('<tool_call>{"name": "peek", "arguments": {"position": 1, "state": {}}}</tool_call>')
+    assert obs[0]["content"].startswith("error: bad arguments for peek: unknown argument 'state'")  # not the model's
+    _, r, term, _, info = env.step("dog")
+    assert term and info["correct"] and r == pytest.approx(0.8) and info["parts"] == {"peeks": 2}
+
+
+def test_the_batched_runner_gives_tools_the_same_episode_state(tiny_tokenizer):
+    call = '<tool_call>{"name": "peek", "arguments": {"position": 3}}</tool_call>'
+    env = HiddenEnv()
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        episodes = run_episodes(Scripted(tiny_tokenizer, [call, call, "cat"]), scorer, env.examples("test"), 64)
+    assert [m["content"] for m in episodes[0].messages if m["role"] == "tool"] == ["t (peek 1)", "t (peek 2)"]
+    assert [m["content"] for m in episodes[1].messages if m["role"] == "tool"] == ["g (peek 1)", "g (peek 2)"]
+    assert episodes[0].episode_return == pytest.approx(0.8) and episodes[1].episode_return == pytest.approx(-0.2)
+    assert (episodes[0].tool_calls, episodes[0].state) == (2, {"peeks": 2})
+
+
+class Silent(HiddenEnv):
+    """A reply that neither ends the episode nor says anything: an env bug."""
+
+    def respond(self, text, state, example):
+        return Reply(done=False, messages=[])
+
+
+def test_a_reply_that_goes_on_without_a_message_is_an_error_in_step_and_in_the_runner(tiny_tokenizer):
+    """D6: step continued the episode (the model asked to go on with nothing said) where the runner
+    ended it with return 0: both now end it with the same error."""
+    env = Silent()
+    env.reset(options={"split": "test", "index": 0})
+    _, r, term, trunc, info = env.step("cat")
+    assert (r, term, trunc) == (0.0, True, False) and "must answer the model" in info["error"]
+    with llm_envs.BatchScorer(env, 0) as scorer:
+        [ep] = run_episodes(Scripted(tiny_tokenizer, ["cat"]), scorer, env.examples("test")[:1], 16)
+    assert ep.terminated and ep.error == info["error"] and ep.episode_return == 0.0
+
+
+def test_max_turns_and_stop_strings_are_options_of_every_multi_turn_env():
+    for env_id, args in [("GuessNumber-v0", {}), ("Countdown-calc-v0", {}), ("Sudoku-feedback-v0", {}),
+                         ("Retry-v0", {"env": "rg/basic_arithmetic-v0"})]:
+        env = llm_envs.make(env_id, max_turns=3, stop_strings=["</x>"], **args)
+        assert (env.max_turns, env.stop_strings) == (3, ("</x>",)), env_id
+        assert llm_envs.make(env_id, **args).stop_strings  # each declares where its turns end
+    env = HiddenEnv(max_turns=2, stop_strings=[])  # an author's env that never mentions them
+    assert (env.max_turns, env.stop_strings, HiddenEnv.max_turns) == (2, (), 4)
+    from trainers.common.config import ConfigError, make_env
+
+    assert make_env("GuessNumber-v0", '{"max_turns": 3}').max_turns == 3
+    with pytest.raises(ConfigError, match="max_turns must be an int >= 1"):
+        make_env("Sudoku-feedback-v0", '{"max_turns": 0}')
+    with pytest.raises(ValueError, match="name the same limit"):
+        llm_envs.make("Sudoku-feedback-v0", attempts=2, max_turns=3)
+    with pytest.raises(ValueError, match="stop_strings"):
+        llm_envs.make("GuessNumber-v0", stop_strings="</guess>")
+
+
+def test_the_check_command_steps_scripted_turns_and_fails_a_broken_env(capsys):
+    import io
+
+    from llm_envs import check
+
+    out = io.StringIO()
+    assert check.main(["GuessNumber-v0"], out) == 0
+    text = out.getvalue()
+    assert "stop strings '</guess>'" in text and "-> reward 1, terminated, correct" in text
+    assert "user: I could not read a guess" in text and "ok: the good reply solves the episode" in text
+    out = io.StringIO()
+    assert check.main(["tests.test_multiturn:Silent-v0"], out) == 1  # respond never answers: an env bug
+    text = out.getvalue()
+    assert "FAIL: malformed reply: turn 1 could not be processed: ValueError: Silent.respond returned" in text
+    assert "warning: no stop strings" in text and "the env defines no good_reply" in text
+    with pytest.raises(SystemExit):
+        check.main(["GuessNumber-v0", "--env-args", '{"max_turns": 0}'], io.StringIO())
+    assert "max_turns must be an int >= 1" in capsys.readouterr().err
+
+
+def test_the_check_samples_episodes_of_a_model_as_training_runs_them(tiny_model_dir):
+    import io
+
+    from llm_envs import check
+
+    out = io.StringIO()
+    assert check.main(["GuessNumber-v0", "--env-args", '{"max_turns": 2}', "--model", str(tiny_model_dir),
+                       "--episodes", "3", "--max-new-tokens", "4", "--engine", "hf"], out) == 0
+    text = out.getvalue()
+    assert "== 3 episodes of" in text and "(engine hf, temperature 1, seed 0, max_new_tokens 4)" in text
+    episodes = [line for line in text.splitlines() if line.startswith("-- episode ")]
+    assert len(episodes) == 3 and all("1 turn(s)" in e and "last turn cut at the token limit" in e for e in episodes)
+    assert "means: turns_mean 1.00, tool_calls_mean 0.00" in text
+    assert "warning: 3 of 3 episodes ended at their first turn, cut at 4 new tokens" in text  # the tiny model rambles
+
+
+llm_envs.register("Silent-v0", Silent)

@@ -105,3 +105,19 @@ def test_ppo_credits_turns_through_the_models_tokens_only():
     assert adv[0, [2, 3, 6]].abs().sum() == 0
     a1, r1 = gae(rewards[1:], values[1:], mask[1:], 0.9)  # a contiguous mask: gae itself
     assert torch.equal(adv[1:], a1) and torch.equal(ret[1:], r1)
+
+
+def test_dr_grpos_normaliser_is_an_episodes_token_budget(tiny_model, tiny_tokenizer):
+    """D8: Dr.GRPO divides each response's token sum by a constant, the most tokens it may hold:
+    max_new_tokens for one turn, max_turns x max_new_tokens for an episode, so an episode of several
+    turns does not multiply the effective learning rate."""
+    s = two_turn_samples(tiny_tokenizer)  # GuessNumber-v0, max_turns 2, 16 new tokens per turn
+    assert s.response_budget == 2 * 16
+    cfg = GRPOConfig(env="GuessNumber-v0", group_size=2, max_new_tokens=16, loss="dr_grpo")
+    cfg.validate()
+    assert GRPO(cfg, tiny_model, tiny_tokenizer).prepare(s).denominator == 2 * (2 * 16)
+    cfg.loss_norm = 7  # given: it stands
+    assert GRPO(cfg, tiny_model, tiny_tokenizer).prepare(s).denominator == 2 * 7
+    single = sample(Scripted(tiny_tokenizer, ["a"]), llm_envs.make("toy_envs:CheapEcho-v0"),
+                    llm_envs.make("toy_envs:CheapEcho-v0").examples("test")[:1], 1, 16)
+    assert single.response_budget == 16

@@ -18,16 +18,22 @@ prompts of ``trainers.trl.dataset``, group repeats included) it runs the episode
 runner (``trainers.common.episodes``) on the trainer's own model (the hf engine) and returns their
 exact token ids: ``prompt_ids`` (the first prompt), ``completion_ids`` (model turns and env
 replies), ``env_mask`` (1 on the model's tokens, which TRL uses as its tool mask: the loss covers
-them only) and each episode's ``episode_return``, ``episode_correct`` and ``episode_turns``,
-which TRL forwards to the reward functions. ``EpisodeReturn()`` is the reward function that reads
-the return back. ``logprobs`` is ``None``: TRL then computes the old log-probs itself.
+them only) and each episode's ``episode_return``, ``episode_correct`` and ``episode_stats`` (its
+``episode_row`` numbers: turns, tool calls and errors, truncated, cut), which TRL forwards to the
+reward functions. ``EpisodeReturn()`` is the reward function that reads the return back, and logs
+the episodes' statistics by the names every trainer and eval use (``turns_mean``, ...). ``logprobs`` is ``None``: TRL then computes the old log-probs itself.
 
-A prompt names its example by its text: examples with the same prompt text (every
-GuessNumber-v0 example: the secret is the env's) are told apart by drawing one of them per group
-from (the step, the group) alone, so the responses of one group share their example.
+A prompt names its example by its text, within one split: training draws (the model in train mode)
+come from ``train_split`` only, evaluation draws from ``eval_split``, so no held-out example is
+ever trained on. Examples with the same prompt text (a hidden-state env's: every GuessNumber-v0
+example, the secret being the env's) are told apart by drawing one of them per group from (the
+seed, the call, the group) alone, with groups numbered over every process's prompts together (TRL
+hands each process a contiguous share of the step's prompts), so the responses of one group share
+their example even when a group spans two processes.
 
-Set ``max_completion_length`` to at least ``env.episode_tokens()`` (model and env tokens of an
-episode); each turn generates at most ``max_new_tokens`` (default: the env's).
+Set ``max_completion_length`` to at least ``env.episode_tokens(max_new_tokens)`` (model and env
+tokens of an episode); each turn generates at most ``max_new_tokens`` (default: the env's) and ends
+at the env's stop strings as in every rollout here.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ from llm_envs import BatchScorer
 from llm_envs.core import TaskEnv
 from llm_envs.templates import render_chat
 from llm_envs.types import Example
-from trainers.common.episodes import run_episodes
+from trainers.common.episodes import EpisodeTally, episode_row, run_episodes
 from trainers.engines.hf import HFEngine
 
 __all__ = ["EnvReward", "EpisodeReturn", "EpisodeRollout", "dataset", "prompt_text"]
@@ -136,57 +142,88 @@ class EnvReward:
 class EpisodeRollout:
     """A TRL ``rollout_func`` running ``env``'s episodes (module docstring)."""
 
-    def __init__(self, env, tokenizer, splits: Sequence[str] = ("train", "test"), max_new_tokens: int | None = None,
-                 temperature: float = 1.0, seed: int = 0, workers: int | None = None):
+    def __init__(self, env, tokenizer, train_split: str = "train", eval_split: str = "test",
+                 max_new_tokens: int | None = None, temperature: float = 1.0, seed: int = 0, workers: int | None = None):
         self.env, self.tokenizer = env.unwrapped, tokenizer
         self.max_new_tokens = max_new_tokens or self.env.max_new_tokens
         self.temperature, self.seed = temperature, seed
-        self.by_prompt: dict[str, list] = {}
-        for split in splits:
+        self.splits = {True: train_split, False: eval_split}  # by the model's training mode
+        self.by_prompt: dict[str, dict[str, list]] = {}
+        for split in dict.fromkeys(self.splits.values()):
+            by_text = self.by_prompt[split] = {}
             for example in self.env.examples(split):
-                self.by_prompt.setdefault(prompt_text(tokenizer, example), []).append(example)
+                by_text.setdefault(prompt_text(tokenizer, example), []).append(example)
         self.scorer = BatchScorer(self.env, workers)
         self.calls = 0
 
-    def example_of(self, prompt: str, group: int):
-        """The example a prompt stands for (one per group among examples with that text)."""
-        if not isinstance(prompt, str) or prompt not in self.by_prompt:
-            raise KeyError("EpisodeRollout: a prompt that is no example's: build the dataset with "
-                           "trainers.trl.dataset(env, tokenizer, split) for one of the splits it was given")
-        candidates = self.by_prompt[prompt]
+    def example_of(self, prompt: str, group: int, split: str | None = None):
+        """The example of ``split`` (default: the training split) a prompt stands for: one per
+        group, drawn from (seed, call, group) among that split's examples with that text."""
+        split = split or self.splits[True]
+        candidates = self.by_prompt[split].get(prompt) if isinstance(prompt, str) else None
+        if not candidates:
+            raise KeyError(f"EpisodeRollout: a prompt that is no {split} example's: build the dataset with "
+                           f"trainers.trl.dataset(env, tokenizer, {split!r})")
         pick = np.random.SeedSequence([self.seed, self.calls, group]).generate_state(1)[0] % len(candidates)
         return candidates[int(pick)]
 
-    def __call__(self, prompts: Sequence[str], trainer) -> dict[str, Any]:
-        G = max(1, getattr(trainer, "num_generations", 1) if trainer.model.training else
+    def draw(self, prompts: Sequence[str], trainer) -> tuple[list[Example], list[int]]:
+        """The examples this process's ``prompts`` stand for (of the training split while the model
+        trains, else of the evaluation split) and each response's sampling seed, both numbered over
+        all processes' prompts: a group (``num_generations`` responses) shares its example and
+        draws every response from (seed, call, its place in the step) alone."""
+        training = bool(trainer.model.training)
+        G = max(1, getattr(trainer, "num_generations", 1) if training else
                 getattr(trainer, "num_generations_eval", 1) or 1)
-        examples = [self.example_of(p, i // G) for i, p in enumerate(prompts)]
-        seeds = [int(np.random.SeedSequence([self.seed, self.calls, i]).generate_state(2, np.uint32).view(np.uint64)[0] >> 1)
-                 for i in range(len(prompts))]
+        start = _offset(trainer, len(prompts))  # this process's first prompt among the step's, all processes'
+        examples = [self.example_of(p, (start + i) // G, self.splits[training]) for i, p in enumerate(prompts)]
+        seeds = [int(np.random.SeedSequence([self.seed, self.calls, start + i]).generate_state(2, np.uint32)
+                     .view(np.uint64)[0] >> 1) for i in range(len(prompts))]
         self.calls += 1
+        return examples, seeds
+
+    def __call__(self, prompts: Sequence[str], trainer) -> dict[str, Any]:
+        examples, seeds = self.draw(prompts, trainer)
         model = trainer.accelerator.unwrap_model(trainer.model)
         episodes = run_episodes(HFEngine(model, self.tokenizer), self.scorer, examples, self.max_new_tokens,
                                 batch_size=len(examples), temperature=self.temperature, seed=seeds)
         return {"prompt_ids": [e.prompt_ids for e in episodes], "completion_ids": [e.ids for e in episodes],
                 "logprobs": None, "env_mask": [e.mask for e in episodes],
                 "episode_return": [e.episode_return for e in episodes],
-                "episode_correct": [float(e.correct) for e in episodes], "episode_turns": [e.turns for e in episodes]}
+                "episode_correct": [float(e.correct) for e in episodes],
+                "episode_stats": [{k: v for k, v in episode_row(e).items() if k != "messages"} for e in episodes]}
 
     def close(self) -> None:
         self.scorer.close()
 
 
+def _offset(trainer, count: int) -> int:
+    """Where this process's ``count`` prompts start among all processes' (their counts gathered;
+    TRL's sampler hands process p the p-th contiguous share of a step's prompts)."""
+    accelerator = trainer.accelerator
+    if getattr(accelerator, "num_processes", 1) <= 1:
+        return 0
+    from accelerate.utils import gather_object
+
+    counts = gather_object([count])
+    return int(sum(counts[:accelerator.process_index]))
+
+
 class EpisodeReturn:
     """TRL reward function: each episode's return (``EpisodeRollout``'s ``episode_return``); logs
-    the fraction solved and the mean turns with TRL's ``log_metric``."""
+    the fraction solved (``correct``) and the episodes' statistics (``EPISODE_STATS``: turns, tool
+    calls, tool errors, truncated, return) with TRL's ``log_metric``."""
 
     __name__ = "episode_return"
 
-    def __call__(self, prompts, completions, episode_return=None, episode_correct=None, episode_turns=None,
+    def __call__(self, prompts, completions, episode_return=None, episode_correct=None, episode_stats=None,
                  log_metric=None, **columns) -> list[float]:
         if episode_return is None:
             raise KeyError("EpisodeReturn needs EpisodeRollout as the trainer's rollout_func")
         if log_metric is not None and episode_correct is not None:
             log_metric("correct", sum(episode_correct) / len(episode_correct))
-            log_metric("turns", sum(episode_turns) / len(episode_turns))
+            tally = EpisodeTally()
+            tally.add(episode_stats)
+            for name, value in tally.means().items():
+                log_metric(name, value)
         return [float(r) for r in episode_return]

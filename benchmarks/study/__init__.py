@@ -14,4 +14,6 @@ GRPO, Dr.GRPO and PPO over seeds and grids at an equal sample budget.
 - ``evidence.py``: the counts behind a study's numbers, and rescoring from its completions.
 - ``status.py``: where a running study stands; ``task_selection.py``: which task the default model
   partly solves (how a study's task is chosen).
+- ``pilot_multiturn.py``: the second multi-turn pilot's commands (ES and Dr.GRPO on episodes that
+  end at stop strings, before and after), run in order and resumable.
 """

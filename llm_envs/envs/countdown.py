@@ -451,6 +451,11 @@ class CountdownEnv(TaskEnv):
         return self.make_example(ex_id, numbers, target, solution if isinstance(solution, str) else None)
 
     # ----- reward -----
+    def good_reply(self, example: Example) -> str | None:
+        """The generated puzzles' kept solution as a closed think and answer (None without one)."""
+        solution = example.meta.get("solution")
+        return f"</think>\n<answer>{solution}</answer>" if solution else None
+
     def score_completion(self, completion: str, example: Example) -> Score:
         opening = example.opening  # the format is checked from its <think> on (all of it without one)
         fmt = format_reward(completion, opening[:opening.rfind("<think>")] if "<think>" in opening else opening)

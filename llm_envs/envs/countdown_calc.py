@@ -7,7 +7,8 @@ the result as a ``tool`` message (an unreadable expression, a wrong call, ... an
 and the model goes on; the first turn without a tool call is the answer, scored exactly as
 Countdown-v0 scores a completion (``0.1 * format + answer``; the first turn continues the paper's
 opening, so the opening counts as there, later turns are checked whole). ``max_turns`` (default 4)
-bounds the episode: one that uses every turn on tool calls returns 0.
+bounds the episode: one that uses every turn on tool calls returns 0. A turn ends at
+``</tool_call>`` or ``</answer>`` (``stop_strings``).
 
 The calculator evaluates ``+ - * /`` and parentheses over non-negative integers with Countdown's
 own ``ast`` walk (``evaluate_expression``: exact fractions, never ``eval``); it does not check
@@ -63,11 +64,9 @@ class CountdownCalcEnv(MultiTurnEnv, CountdownEnv):
 
     max_turns = 4
     max_new_tokens = 256
+    stop_strings = ("</tool_call>", "</answer>")
 
-    def __init__(self, *args: Any, max_turns: int = 4, system_prompt: str | None = PAPER_SYSTEM_PROMPT, **kwargs: Any):
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        self.max_turns = int(max_turns)
+    def __init__(self, *args: Any, system_prompt: str | None = PAPER_SYSTEM_PROMPT, **kwargs: Any):
         system = ((system_prompt + "\n\n") if system_prompt else "") + tool_prompt([CALCULATOR])
         super().__init__(*args, system_prompt=system, **kwargs)
 

@@ -3,6 +3,8 @@
 The env thinks of an integer in ``1..high``; the model guesses with ``<guess>N</guess>``, and the
 env answers "Higher." or "Lower." until the guess is right or ``max_turns`` guesses are used.
 
+A turn ends at ``</guess>`` (``stop_strings``), so a guess is a turn.
+
 Reward: 1.0 on the turn that guesses right (``correct``), 0 on every other turn, so the episode's
 return is 1 when solved within the turns, else 0. A turn without a readable guess gets a reminder
 of the format and costs a turn. ``parts``: ``solved`` and ``guesses`` (turns used).
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any
 
@@ -39,17 +41,17 @@ class GuessNumberEnv(MultiTurnEnv):
     max_new_tokens = 64
     score_workers = 0  # pure-Python, cheap
     max_turns = 7
+    stop_strings = ("</guess>",)
 
     def __init__(self, data: Mapping[str, str | PathLike] | None = None, seed: int = 0, high: int = 100,
-                 max_turns: int = 7, train_size: int = 500, test_size: int = 100, opening: bool | str = True):
-        super().__init__(data=data, seed=seed, opening=opening)
+                 max_turns: int = 7, train_size: int = 500, test_size: int = 100, opening: bool | str = True,
+                 stop_strings: Sequence[str] | None = None):
+        super().__init__(data=data, seed=seed, opening=opening, max_turns=max_turns, stop_strings=stop_strings)
         if high < 2:
             raise ValueError(f"high must be >= 2, got {high}")
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if train_size < 0 or test_size < 0:
             raise ValueError("split sizes must be >= 0")
-        self.high, self.max_turns = int(high), int(max_turns)
+        self.high = int(high)
         self.sizes = {"train": int(train_size), "test": int(test_size)}
 
     def make_example(self, example_id: str, secret: int) -> Example:
@@ -67,6 +69,9 @@ class GuessNumberEnv(MultiTurnEnv):
         if isinstance(secret, bool) or not 1 <= secret <= self.high:
             raise FieldError("secret", f"expected an int in 1..{self.high}, got {secret!r:.40}")
         return self.make_example(str(row.get("id", index)), secret)
+
+    def good_reply(self, example: Example) -> str:
+        return f"<guess>{example.answer}</guess>"
 
     def begin(self, example: Example) -> dict[str, int]:
         return {"guesses": 0}

@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from os import PathLike
 from typing import Any
 
-from llm_envs.multiturn import MultiTurnEnv, Reply
+from llm_envs.multiturn import MultiTurnEnv, Reply, turn_limit
 from llm_envs.registry import UnknownEnvError, make, register
 from llm_envs.types import Example
 
@@ -36,16 +36,21 @@ class RetryEnv(MultiTurnEnv):
     Args:
         env: the wrapped env's id (single-turn; a multi-turn env already answers back).
         env_args: its options (``data``, ``seed``, ``opening``, ... go here or below).
-        attempts: turns an episode may take (>= 1; 1 is the wrapped env as an episode of one turn).
+        attempts: turns an episode may take (>= 1; 1 is the wrapped env as an episode of one turn;
+            ``max_turns`` is the same option).
         feedback: the env's message after a wrong attempt.
         data, opening: passed to the wrapped env when given (``--data`` and ``opening=`` reach it).
+        stop_strings: strings that end a turn (default: the wrapped env's if it has any, else
+            ``</answer>``, where the tasks here close their answer; a string never written ends nothing).
     """
 
-    def __init__(self, env: str = "Countdown-v0", env_args: Mapping[str, Any] | None = None, attempts: int = 2,
-                 feedback: str = FEEDBACK, data: Mapping[str, str | PathLike] | None = None,
-                 opening: bool | str = True):
-        if not isinstance(attempts, int) or isinstance(attempts, bool) or attempts < 1:
-            raise ValueError(f"attempts must be an int >= 1, got {attempts!r}")
+    stop_strings = ("</answer>",)
+
+    def __init__(self, env: str = "Countdown-v0", env_args: Mapping[str, Any] | None = None,
+                 attempts: int | None = None, feedback: str = FEEDBACK,
+                 data: Mapping[str, str | PathLike] | None = None, opening: bool | str = True,
+                 max_turns: int | None = None, stop_strings: Sequence[str] | None = None):
+        attempts = turn_limit(attempts, max_turns, 2)
         if not isinstance(feedback, str) or not feedback.strip():
             raise ValueError("feedback must be a non-empty string")
         if env_args is not None and not isinstance(env_args, Mapping):
@@ -61,8 +66,10 @@ class RetryEnv(MultiTurnEnv):
             raise ValueError(f"env: {exc}") from None
         if isinstance(inner, MultiTurnEnv):
             raise ValueError(f"Retry-v0 wraps a single-turn env; {env} is already multi-turn")
-        super().__init__()
-        self.inner, self.max_turns, self.feedback = inner, attempts, feedback
+        if stop_strings is None:
+            stop_strings = inner.stop_strings or None  # None: this class's
+        super().__init__(max_turns=attempts, stop_strings=stop_strings)
+        self.inner, self.feedback = inner, feedback
         # The wrapped env's data, budget and scoring settings are this env's.
         self.split_names, self.eval_splits = inner.split_names, inner.eval_splits
         self.max_new_tokens, self.score_workers, self.score_timeout = (inner.max_new_tokens, inner.score_workers,
@@ -73,6 +80,9 @@ class RetryEnv(MultiTurnEnv):
 
     def prepare_scoring(self) -> None:
         self.inner.prepare_scoring()
+
+    def good_reply(self, example: Example) -> str | None:
+        return self.inner.good_reply(example)
 
     def begin(self, example: Example) -> dict[str, int]:
         return {"attempts": 0}

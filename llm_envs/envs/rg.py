@@ -366,6 +366,10 @@ class ReasoningGymEnv(TaskEnv):
             # One item: a dataset's own init work (data files, pre-drawn questions) stays small.
             self._scoring_dataset = self._dataset(self._config("test", size=1))
 
+    def good_reply(self, example: Example) -> str | None:
+        """reasoning-gym's answer to the question, after a closed think."""
+        return f"</think>\n<answer>{example.answer}</answer>"
+
     def score_completion(self, completion: str, example: Example) -> Score:
         # reasoning-gym's extract_answer: the last closed <answer> block (an open one only if lenient).
         answer = last_tag(completion, "answer")

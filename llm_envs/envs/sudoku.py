@@ -284,6 +284,10 @@ class SudokuEnv(TaskEnv):
         return self._example(str(row.get("id", index)), puzzle, solution)
 
     # ----- scoring ----------------------------------------------------------------------------
+    def good_reply(self, example: Example) -> str | None:
+        """The stored solution in an answer block, after a closed think."""
+        return f"</think>\n<answer>\n{format_grid(example.meta['solution'])}\n</answer>"
+
     def score_completion(self, completion: str, example: Example) -> Score:
         block = last_tag(completion, "answer")  # what reasoning-gym's extract_answer returns
         grid = parse_answer(block) if block is not None else None

@@ -2,7 +2,7 @@
 ``llm_envs.multiturn``).
 
 Each assistant turn is an attempt, read as Sudoku-v0 reads a completion (the last ``<answer>``
-block). A solved grid ends the episode. Otherwise the env names what is wrong and the model tries
+block); a turn ends at ``</answer>`` (``stop_strings``). A solved grid ends the episode. Otherwise the env names what is wrong and the model tries
 again: an unreadable grid ("could not read a 4x4 grid ..."), the givens it changed, and the rows,
 columns and 2x2 boxes that do not hold 1-4 exactly once (rows and columns numbered from 1, boxes
 named top-left, top-right, bottom-left, bottom-right). The feedback never reveals a cell's value.
@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm_envs.envs.sudoku import _UNITS, SudokuEnv, keeps_givens, parse_answer, unit_ok
-from llm_envs.multiturn import MultiTurnEnv, Reply
+from llm_envs.multiturn import MultiTurnEnv, Reply, turn_limit
 from llm_envs.parsing import last_tag
 from llm_envs.registry import register
 from llm_envs.types import Example
@@ -57,19 +57,19 @@ def feedback(text: str, puzzle: list[list[int]]) -> str:
 class SudokuFeedbackEnv(MultiTurnEnv, SudokuEnv):
     """Sudoku-v0 over up to ``attempts`` attempts, the env naming conflicts after each (multi-turn).
 
-    Args: Sudoku-v0's, ``attempts`` (turns an episode may take) and ``attempt_reward`` (the weight
-    of the optional per-attempt shaping).
+    Args: Sudoku-v0's, ``attempts`` (turns an episode may take; ``max_turns`` is the same option)
+    and ``attempt_reward`` (the weight of the optional per-attempt shaping).
     """
 
     max_turns = 3
+    stop_strings = ("</answer>",)
 
-    def __init__(self, *args: Any, attempts: int = 3, attempt_reward: float = 0.0, **kwargs: Any):
-        if attempts < 1:
-            raise ValueError(f"attempts must be >= 1, got {attempts}")
+    def __init__(self, *args: Any, attempts: int | None = None, attempt_reward: float = 0.0,
+                 max_turns: int | None = None, **kwargs: Any):
         if not 0 <= attempt_reward <= 1:
             raise ValueError(f"attempt_reward must be in [0, 1], got {attempt_reward}")
-        super().__init__(*args, **kwargs)
-        self.max_turns, self.attempt_reward = int(attempts), float(attempt_reward)
+        super().__init__(*args, max_turns=turn_limit(attempts, max_turns, 3), **kwargs)
+        self.attempt_reward = float(attempt_reward)
 
     def begin(self, example: Example) -> dict[str, int]:
         return {"attempts": 0}

@@ -246,6 +246,10 @@ class TrainConfig(EngineOptions, LoraOptions):
     val_size: int | None = field(default=None, metadata={"help": "move K training examples (a fixed choice) into a "
                                                                  "'validation' split and train on the rest; "
                                                                  "--eval-split validation evaluates there"})
+    val_carve: str = field(default="question", metadata={
+        "help": "what --val-size keeps together: question = examples with the same prompt and answer (a "
+                "hidden-state env's examples share a prompt); prompt = the prompt text alone (runs before this "
+                "option; a resumed run without it keeps it)", "choices": ["question", "prompt"]})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
     dtype: str | None = field(default="auto", metadata={
         "help": "compute dtype: auto (bf16 on a CUDA GPU that supports it; on CPU whichever a ~2 s probe of the "
@@ -367,6 +371,8 @@ def resolve_config(cls: type, prefix, argv: list[str] | None = None, description
         if not saved_file.is_file():
             raise ConfigError(f"--resume {resume}: no run there (config.yaml missing)")
         saved = load_yaml(saved_file)
+        if saved.get("val_size") and "val_carve" not in saved:  # carved before the rule was recorded: by prompt
+            saved["val_carve"] = "prompt"
         # the run's own record of where its values came from, and this command line's flags
         sources = (saved.get("sources") or {}) | _sources(flags, f"{FROM_FLAG} (at --resume)")
         return build_config(cls, saved | flags | {"resume": resume, "out": resume}, sources)

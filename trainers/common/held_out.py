@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from trainers.common.episodes import check_command, cut_short, episode_line
 from trainers.common.progress import RunClock
 from trainers.common.rollout import evaluate
 from trainers.common.run_dir import RunDir
@@ -20,6 +21,7 @@ class HeldOut:
         self.batch_size, self.clock, self.unit = batch_size, clock, unit
         self.evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
             if done is not None else set()
+        self.warned = False  # the first-turn warning is said once per run
 
     def __call__(self, iteration: int) -> dict[str, float]:
         cfg, clock = self.cfg, self.clock
@@ -31,9 +33,18 @@ class HeldOut:
                           on_progress=clock and clock.evaluation)
         record = {"iteration": iteration, "eval_pass@1": scores["pass@1"], "eval_reward": scores["reward"],
                   "eval_n": scores["n"]}
+        tally = scores.get("episodes")  # a multi-turn env's episodes: their statistics, eval's names prefixed
+        if tally is not None:
+            record |= {f"eval_{k}": v for k, v in tally.means().items()}
         self.run.log(record, iteration)
         short = "iter" if self.unit == "iteration" else self.unit
         self.say(f"[{short} {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, "
-                 f"reward {scores['reward']:.4f}")
+                 f"reward {scores['reward']:.4f}" + (episode_line(tally) if tally is not None else ""))
+        warning = tally is not None and not self.warned and cut_short(
+            tally, cfg.max_new_tokens, self.scorer.env.stop_strings,
+            check_command(cfg.env, cfg.env_args, cfg.model, cfg.max_new_tokens))
+        if warning:
+            self.say(f"[{short} {iteration}] held-out: {warning}")
+            self.warned = True
         self.dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
         return record

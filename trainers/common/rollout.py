@@ -17,7 +17,7 @@ import numpy as np
 
 from llm_envs import BatchScorer, Example, Score, TaskEnv
 from llm_envs.multiturn import is_multiturn
-from trainers.common.episodes import Episode, generation_of, run_episodes
+from trainers.common.episodes import Episode, EpisodeTally, generation_of, run_episodes
 from trainers.engines.base import Engine
 from trainers.engines.generation import GenerationResult
 from trainers.engines.sampling import Seeds
@@ -68,7 +68,7 @@ class Rollout:
 
 def rollout(
     engine: Engine,
-    scorer: BatchScorer | None,
+    scorer: BatchScorer,
     examples: Sequence[Example],
     max_new_tokens: int,
     batch_size: int = 32,
@@ -80,15 +80,17 @@ def rollout(
     sort: bool = True,
     on_progress: Callable[[float, int, float], None] | None = None,
     perturbation: Perturbation | None = None,
+    score: bool = True,
 ) -> Rollout:
     """``samples`` completions of each of ``examples`` (greedy unless ``temperature > 0``) from
-    ``engine`` (under an ES ``perturbation`` when given), scored by ``scorer`` (each example's
-    opening + completion, never the user's prompt). ``seed``: the call's sampling seed, or one per
+    ``engine`` (under an ES ``perturbation`` when given), each ending at its stop token or at one of
+    the env's ``stop_strings``, scored by ``scorer`` (each example's opening + completion, never the
+    user's prompt). ``seed``: the call's sampling seed, or one per
     completion (example-major); ``sort=False`` generates in the given order; ``progress`` and
-    ``on_progress`` as in ``generate``. ``scorer=None`` (single-turn only) generates without
+    ``on_progress`` as in ``generate``. ``score=False`` (single-turn only) generates without
     scoring, for callers that cache generations and score every time (``eval.harness``)."""
     start = time.perf_counter()
-    if scorer is not None and is_multiturn(getattr(scorer, "env", scorer)):  # episodes of several turns; a score is an episode's return
+    if is_multiturn(getattr(scorer, "env", scorer)):  # episodes of several turns; a score is an episode's return
         episodes = run_episodes(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, samples,
                                 top_p, progress, sort, on_progress, perturbation)
         seconds = time.perf_counter() - start
@@ -96,9 +98,10 @@ def rollout(
                        seconds, episodes)
     out = engine.generate([e.prompt for e in examples], max_new_tokens=max_new_tokens, batch_size=batch_size,
                           temperature=temperature, top_p=top_p, seed=seed, num_return_sequences=samples,
-                          progress=progress, sort=sort, on_progress=on_progress, perturbation=perturbation)
+                          progress=progress, sort=sort, on_progress=on_progress, perturbation=perturbation,
+                          stop_strings=getattr(scorer, "env", scorer).stop_strings)
     per_completion = [e for e in examples for _ in range(samples)]
-    scores = scorer.score_batch(out.texts, per_completion) if scorer is not None else []
+    scores = scorer.score_batch(out.texts, per_completion) if score else []
     return Rollout(per_completion, out, scores, time.perf_counter() - start)
 
 
@@ -111,7 +114,8 @@ def evaluate(engine: Engine, scorer: BatchScorer, split: str = "test", max_new_t
              batch_size: int = 32, limit: int | None = None, rank: int = 0, world: int = 1,
              all_sum: Callable[[np.ndarray], np.ndarray] | None = None, progress: bool | str = False,
              on_progress: Callable[[float, int, float], None] | None = None) -> dict[str, float]:
-    """Greedy pass@1 and mean reward on ``split`` (the paper's protocol).
+    """Greedy pass@1 and mean reward on ``split`` (the paper's protocol); on a multi-turn env also
+    ``episodes``, the ``EpisodeTally`` of the episodes.
 
     With ``world`` processes, each evaluates every ``world``-th example from ``rank`` and
     ``all_sum`` (a sum across processes) combines the counts, so all get the same numbers.
@@ -120,10 +124,13 @@ def evaluate(engine: Engine, scorer: BatchScorer, split: str = "test", max_new_t
     examples = eval_examples(env, split, limit)
     r = rollout(engine, scorer, examples[rank::world], max_new_tokens or env.max_new_tokens, batch_size,
                 progress=progress, on_progress=on_progress)
+    tally = EpisodeTally()
+    tally.add(r.episodes)
     sums = np.array([sum(bool(s.correct) for s in r.scores), sum(s.reward for s in r.scores), len(r.scores),
-                     sum(r.num_tokens)], dtype=np.float64)
+                     sum(r.num_tokens), *tally.sums], dtype=np.float64)
     if all_sum is not None:
         sums = all_sum(sums)
+    tally.sums = sums[4:]
     n = max(1.0, sums[2])
     return {"pass@1": sums[0] / n, "reward": sums[1] / n, "n": len(examples), "tokens": int(sums[3]),
-            "seconds": r.seconds}
+            "seconds": r.seconds, **({"episodes": tally} if is_multiturn(env) else {})}

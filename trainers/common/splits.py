@@ -7,13 +7,17 @@ for the environment's training split (the same whatever ``--seed``), so every ru
 validated on the same examples; ``trainers.sweep`` selects on them and measures the test split
 only for the run it selected. Both options are in the run's config.yaml.
 
-The carve moves whole prompts: training examples with the same prompt text (a small procedural
-task repeats its questions, e.g. rg/basic_arithmetic-v0 with two one-digit terms holds ~100
-distinct questions in 393 training examples) go to validation together or stay in train together,
-so no validation prompt is trained on. Where every prompt is distinct, the carve is the plain
-seeded choice of K examples; otherwise whole prompts are taken in a seeded order while they fit,
-so validation may hold a few fewer than K examples (``split_counts`` says how many, and how many
-distinct prompts, each split holds).
+The carve moves whole questions: training examples that are the same question (a small
+procedural task repeats its questions, e.g. rg/basic_arithmetic-v0 with two one-digit terms holds
+~100 distinct questions in 393 training examples) go to validation together or stay in train
+together, so no validation question is trained on. A question is its prompt text and its answer
+(``question_key``, ``--val-carve question``, the default): examples of a hidden-state env share
+one prompt text and differ in what the model must find (GuessNumber-v0: one prompt, 100 secrets),
+and they are different questions. Runs from before this rule carved by prompt text alone
+(``--val-carve prompt``, which a resumed run without the key keeps: config.yaml records the rule).
+Where every question is distinct, the carve is the plain seeded choice of K examples; otherwise
+whole questions are taken in a seeded order while they fit, so validation may hold a few fewer than
+K examples (``split_counts`` says how many, and how many distinct prompts, each split holds).
 """
 
 from __future__ import annotations
@@ -36,8 +40,14 @@ CARVE_SEED = 20240917  # fixed: the carve depends on the training split and K on
 
 
 def prompt_key(example: Example) -> str:
-    """The text that makes two examples the same question: the whole prompt (every message)."""
+    """An example's whole prompt text (every message)."""
     return json.dumps(example.prompt, sort_keys=True, ensure_ascii=False)
+
+
+def question_key(example: Example) -> str:
+    """What makes two examples the same question: the prompt and the answer (a hidden-state env's
+    examples share a prompt and differ in their answer)."""
+    return json.dumps([example.prompt, example.answer], sort_keys=True, ensure_ascii=False, default=repr)
 
 
 def carve(n: int, size: int, keys: Sequence[str] | None = None) -> list[int]:
@@ -76,7 +86,7 @@ class WithValidation:
     from the ``train`` split it now shows). Everything else (scoring, ``max_new_tokens``, other
     splits, ``close``) is the environment's own: this is a view, not a copy."""
 
-    def __init__(self, env: llm_envs.TaskEnv, size: int):
+    def __init__(self, env: llm_envs.TaskEnv, size: int, rule: str = "question"):
         if VALIDATION in env.split_names or VALIDATION in env.data:
             raise ConfigError(f"--val-size: {type(env).__name__} already has a {VALIDATION!r} split; "
                               f"evaluate on it with --eval-split {VALIDATION} instead of carving one")
@@ -84,10 +94,11 @@ class WithValidation:
         if not 1 <= size < len(train):
             raise ConfigError(f"--val-size {size}: the train split has {len(train)} examples; the validation "
                               f"split takes 1 to {len(train) - 1} of them")
-        held = set(carve(len(train), size, [prompt_key(e) for e in train]))
+        key = {"question": question_key, "prompt": prompt_key}[rule]
+        held = set(carve(len(train), size, [key(e) for e in train]))
         if not held:
-            raise ConfigError(f"--val-size {size}: every prompt of the train split repeats more than {size} times; "
-                              f"no whole prompt fits a validation split that small")
+            raise ConfigError(f"--val-size {size}: every {rule} of the train split repeats more than {size} times; "
+                              f"no whole {rule} fits a validation split that small")
         self.env = env
         self.splits: dict[str, list[Example]] = {
             "train": [e for i, e in enumerate(train) if i not in held],
@@ -109,7 +120,7 @@ def training_env(cfg: TrainConfig):
     into ``validation``, and ``--eval-split`` checked to exist."""
     env = make_env(cfg.env, cfg.env_args, splits=("train",))
     if cfg.val_size:
-        env = WithValidation(env, cfg.val_size)
+        env = WithValidation(env, cfg.val_size, cfg.val_carve)
     try:
         env.examples(cfg.eval_split)
     except KeyError as exc:

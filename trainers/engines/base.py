@@ -47,9 +47,10 @@ class Engine(ABC):
                  temperature: float = 0.0, top_p: float = 1.0, top_k: int = 0, seed: Seeds = None,
                  num_return_sequences: int = 1, progress: bool | str = False, sort: bool = True,
                  min_new_tokens: int = 0, on_progress: Callable[[float, int, float], None] | None = None,
-                 perturbation: Perturbation | None = None) -> GenerationResult:
+                 perturbation: Perturbation | None = None, stop_strings: Sequence[str] = ()) -> GenerationResult:
         """Complete each prompt (greedy when ``temperature == 0``), as ``trainers.engines.generation.generate``
-        does, optionally under ``perturbation``. Sampling: ``seed`` is one seed per row (prompt-major)
+        does, optionally under ``perturbation``; a completion ends at its first stop token or of
+        ``stop_strings``, and is cut by ``result_of``'s one rule (the text up to and including the string). Sampling: ``seed`` is one seed per row (prompt-major)
         or one per call (``sampling.row_seeds``); every engine draws row k from its own seed only. ``batch_size`` and ``sort`` shape the batches of
         engines that do not schedule rows themselves. ``progress`` (a bar, named when a string) and
         ``on_progress(done, total, seconds)`` report the rows done."""

@@ -5,6 +5,12 @@ messages) with the tokenizer's chat template, sorts the prompts by length, runs 
 ``generate`` on left-padded batches (KV cache, ``torch.inference_mode``), stops each sequence at
 its first stop token (EOS, ``<|im_end|>``, ...), and returns the completions in the original order.
 
+**Stop strings** (``stop_strings``, an env's ``</answer>`` or ``</tool_call>``): a completion also
+ends at the first of them it writes, and is its text up to and including it: the shortest run of
+generated tokens whose text holds the string (the last token may carry a few characters past it:
+the ids are what the model sampled, the text ends at the string). Every engine stops a row once
+``StopStrings.hit`` sees one and cuts the same way (``result_of``), so all agree on the turn.
+
 Measured on the 2-core CPU with SmolLM2-135M (fp32, ~115-token prompts, 64 new tokens): ~15
 tokens/s at batch 1, ~58 at 8, ~114 at 32. A static KV cache, a hand-written decoding loop and
 eager attention were no faster (eager is slower at batch 32), one thread is slower than two,
@@ -75,6 +81,50 @@ def encode_prompts(tokenizer, prompts: Sequence[Prompt]) -> list[list[int]]:
     return ids
 
 
+class StopStrings:
+    """Strings that end a completion, for one tokenizer: ``hit`` (has a row's newest text written
+    one? what engines stop rows on) and ``cut`` (the exact turn: ``result_of``'s rule)."""
+
+    def __init__(self, tokenizer, strings: Sequence[str] = ()):
+        if isinstance(strings, str) or not all(isinstance(x, str) and x for x in strings):
+            raise ValueError(f"stop_strings must be a list of non-empty strings, got {strings!r:.80}")
+        self.tokenizer, self.strings = tokenizer, tuple(strings)
+        # Tokens to decode to see a string that the newest token completed: one per character at
+        # worst, and a few for bytes of a character split over tokens.
+        self.window = max((len(x) for x in self.strings), default=0) + 4
+
+    def __bool__(self) -> bool:
+        return bool(self.strings)
+
+    def _text(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def _end(self, text: str) -> int | None:
+        """Where the first stop string to be completed in ``text`` ends, or None."""
+        ends = [k + len(x) for x in self.strings if (k := text.find(x)) >= 0]
+        return min(ends) if ends else None
+
+    def hit(self, ids: Sequence[int], new: int = 1) -> bool:
+        """Whether one of the last ``new`` tokens of the generated ``ids`` completed a stop string
+        (a string held earlier was seen then: only the tail is decoded)."""
+        return bool(self.strings) and self._end(self._text(ids[-(self.window + new - 1):])) is not None
+
+    def cut(self, ids: Sequence[int]) -> tuple[list[int], str] | None:
+        """The shortest prefix of ``ids`` whose text holds a stop string, and that text ending at the
+        string; None when the text holds none."""
+        if not self.strings or self._end(self._text(ids)) is None:
+            return None
+        lo, hi = 1, len(ids)  # the smallest k whose prefix holds one: a prefix's text only grows
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._end(self._text(ids[:mid])) is None:
+                lo = mid + 1
+            else:
+                hi = mid
+        text = self._text(ids[:lo])
+        return list(ids[:lo]), text[:self._end(text)]
+
+
 def stop_token_ids(tokenizer, model=None) -> list[int]:
     """Ids that end a completion: the tokenizer's EOS, the model's generation-config EOS ids and any
     end-of-turn token of a common chat format that the vocabulary has as a special token."""
@@ -116,8 +166,10 @@ def generate(
     sort: bool = True,
     min_new_tokens: int = 0,
     on_progress: Callable[[float, int, float], None] | None = None,
+    stop_strings: Sequence[str] = (),
 ) -> GenerationResult:
-    """Complete each chat prompt; greedy when ``temperature == 0``.
+    """Complete each chat prompt; greedy when ``temperature == 0``; a completion also ends at the
+    first of ``stop_strings`` it writes (module docstring).
 
     ``prompts``: lists of chat messages (rendered with the chat template and the assistant
     generation prompt) or plain strings (used verbatim). ``batch_size``: sequences per forward
@@ -147,6 +199,7 @@ def generate(
 
     prompt_ids = encode_prompts(tokenizer, prompts)
     stops = list(stop_ids) if stop_ids is not None else stop_token_ids(tokenizer, model)
+    strings = StopStrings(tokenizer, stop_strings)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     device = _input_device(model)
 
@@ -187,6 +240,9 @@ def generate(
                 if tracker is not None:
                     tracker.batch(len(rows), width)
                     track = {"stopping_criteria": tracker.stopping_criteria()}
+                if strings:
+                    criteria = track.setdefault("stopping_criteria", StringCriteria.list())
+                    criteria.append(StringCriteria(strings, width))
                 if sampler is not None:
                     track["logits_processor"] = RowSampling(sampler, uniforms[batch], width).as_list()
                 out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
@@ -206,17 +262,27 @@ def generate(
             bar.close()
 
     return result_of(tokenizer, results, [len(prompt_ids[i]) for i in seqs], time.perf_counter() - start,
-                     len(batches), timings)
+                     len(batches), timings, strings)
 
 
 def result_of(tokenizer, cut: Sequence[tuple[list[int], bool]], prompt_tokens: list[int], seconds: float,
-              batches: int, timings: list[float]) -> GenerationResult:
+              batches: int, timings: list[float], strings: StopStrings | None = None) -> GenerationResult:
     """The ``GenerationResult`` of completions already cut at their stop token (``cut_at_stop``),
-    decoded the same way by every engine."""
-    texts = [tokenizer.decode(ids[:-1] if done else ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
-             for ids, done in cut]
-    return GenerationResult(texts=texts, num_tokens=[len(ids) for ids, _ in cut], finished=[done for _, done in cut],
-                            token_ids=[ids for ids, _ in cut], prompt_tokens=prompt_tokens, seconds=seconds,
+    each cut again at its first stop string (``strings``; the string's turn is finished), decoded
+    the same way by every engine."""
+    texts, ids_out, finished = [], [], []
+    for ids, done in cut:
+        body = ids[:-1] if done else ids
+        at_string = strings.cut(body) if strings else None
+        if at_string is not None:  # a stop string before any stop token (or the budget) ends the turn
+            ids, done, text = at_string[0], True, at_string[1]
+        else:
+            text = tokenizer.decode(body, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        texts.append(text)
+        ids_out.append(ids)
+        finished.append(done)
+    return GenerationResult(texts=texts, num_tokens=[len(ids) for ids in ids_out], finished=finished,
+                            token_ids=ids_out, prompt_tokens=prompt_tokens, seconds=seconds,
                             batches=batches, timings=timings)
 
 
@@ -268,6 +334,24 @@ def _generation_config(max_new_tokens, stops, pad_id, bos_id, min_new_tokens=0):
         use_cache=True,
         return_dict_in_generate=False,
     )
+
+
+class StringCriteria:
+    """HF ``generate``'s stopping criterion for stop strings: a row is done once its newest token
+    completes one (``StopStrings.hit`` on its generated ids after the prompt's ``width``)."""
+
+    def __init__(self, strings: StopStrings, width: int):
+        self.strings, self.width = strings, width
+
+    @staticmethod
+    def list():
+        from transformers import StoppingCriteriaList
+
+        return StoppingCriteriaList()
+
+    def __call__(self, input_ids: torch.Tensor, scores, **kwargs) -> torch.Tensor:
+        rows = input_ids[:, self.width:][:, -self.strings.window:].tolist()
+        return torch.tensor([self.strings.hit(r) for r in rows], dtype=torch.bool, device=input_ids.device)
 
 
 class RowSampling:

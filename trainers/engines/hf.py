@@ -25,7 +25,7 @@ class HFEngine(ModelWeightsEngine):
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
-                 perturbation: Perturbation | None = None) -> GenerationResult:
+                 perturbation: Perturbation | None = None, stop_strings=()) -> GenerationResult:
         rows = len(prompts) * num_return_sequences
         if isinstance(perturbation, BATCHED):  # the hooks need the member-major rows in one batch
             batch_size, sort = max(1, rows), False
@@ -33,7 +33,7 @@ class HFEngine(ModelWeightsEngine):
             return generate(self.model, self.tokenizer, prompts, max_new_tokens=max_new_tokens, batch_size=batch_size,
                             temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                             num_return_sequences=num_return_sequences, progress=progress, sort=sort,
-                            min_new_tokens=min_new_tokens, on_progress=on_progress)
+                            min_new_tokens=min_new_tokens, on_progress=on_progress, stop_strings=stop_strings)
 
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None, rows: int):

@@ -50,7 +50,8 @@ import torch
 
 from trainers.common.progress import rows_bar
 from trainers.engines.base import Engine
-from trainers.engines.generation import GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of, stop_token_ids
+from trainers.engines.generation import (GenerationResult, StopStrings, check_decoding, cut_at_stop, encode_prompts,
+                                         result_of, stop_token_ids)
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
 from trainers.engines.sampling import row_seeds
 from trainers.es.noise import fullrank
@@ -95,8 +96,10 @@ class VLLMEngine(Engine):
         self.stops = stop_token_ids(tokenizer, model)
         self._config_dir = tempfile.TemporaryDirectory(prefix="llm_envs_vllm_")
         model.config.save_pretrained(self._config_dir.name)  # the architecture only: weights come from the model
+        # The tokenizer only detokenizes, to stop rows at stop strings (prompts go in as token ids).
+        tokenizer.save_pretrained(self._config_dir.name)
         self.max_model_len = min(MAX_MODEL_LEN, getattr(model.config, "max_position_embeddings", None) or MAX_MODEL_LEN)
-        kwargs = dict(model=self._config_dir.name, load_format="dummy", skip_tokenizer_init=True,
+        kwargs = dict(model=self._config_dir.name, load_format="dummy",
                       dtype=self.dtype, seed=0, enable_prefix_caching=False, generation_config="vllm",
                       max_model_len=self.max_model_len,
                       enforce_eager=options.vllm_eager if options.vllm_eager is not None else not cuda,
@@ -185,17 +188,22 @@ class VLLMEngine(Engine):
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
-                 perturbation: Perturbation | None = None) -> GenerationResult:
+                 perturbation: Perturbation | None = None, stop_strings=()) -> GenerationResult:
         check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
         n = num_return_sequences
         seeds = (row_seeds(seed, len(prompts) * n) if temperature > 0 else None) or [None] * (len(prompts) * n)
+        strings = StopStrings(self.tokenizer, stop_strings)
+        # vLLM stops a row at a stop string (detokenizing for it, keeping the token that completed
+        # it); ``result_of`` then cuts it as every engine does.
+        stop = dict(stop=list(strings.strings), include_stop_str_in_output=True, detokenize=True) if strings \
+            else dict(detokenize=False)
         with self._perturbed(perturbation, len(prompts) * n) as members:
             return self._complete(prompts, n, lambda k: self._sampling_params(
                 n=1, temperature=float(temperature), top_p=float(top_p) if temperature > 0 else 1.0,
                 top_k=int(top_k) if temperature > 0 and top_k > 0 else 0, max_tokens=max_new_tokens,
                 min_tokens=min(min_new_tokens, max_new_tokens), stop_token_ids=list(self.stops), ignore_eos=True,
-                seed=seeds[k], detokenize=False, extra_args={"member": members[k]} if members else None),
-                progress=progress, on_progress=on_progress)
+                seed=seeds[k], extra_args={"member": members[k]} if members else None, **stop),
+                progress=progress, on_progress=on_progress, strings=strings)
 
     def generate_with_adapters(self, prompts, max_new_tokens: int, adapters: Sequence, min_new_tokens: int = 0):
         """Greedy completions, row k under LoRA adapter ``adapters[k]`` (a ``LoRARequest``; the
@@ -206,9 +214,9 @@ class VLLMEngine(Engine):
             stop_token_ids=list(self.stops), ignore_eos=True, detokenize=False), lora_request=list(adapters))
 
     def _complete(self, prompts, n: int, params_of, progress: bool | str = False, on_progress=None,
-                  lora_request=None) -> GenerationResult:
+                  lora_request=None, strings: StopStrings | None = None) -> GenerationResult:
         """Each prompt ``n`` times (prompt-major, as the HF engine), row k with ``params_of(k)``;
-        completions cut at the first stop token and decoded as the HF engine does."""
+        completions cut at the first stop token or of ``strings`` and decoded as the HF engine does."""
         start = time.perf_counter()
         rows = [ids for ids in encode_prompts(self.tokenizer, list(prompts)) for _ in range(n)]
         if not rows:
@@ -222,7 +230,7 @@ class VLLMEngine(Engine):
                                     use_tqdm=_progress_bar(progress, on_progress), lora_request=lora_request)
         cut = [cut_at_stop(list(out.outputs[0].token_ids), self.stops) for out in outputs]
         seconds = time.perf_counter() - start
-        return result_of(self.tokenizer, cut, [len(r) for r in rows], seconds, 1, [seconds])
+        return result_of(self.tokenizer, cut, [len(r) for r in rows], seconds, 1, [seconds], strings)
 
     @property
     def closed(self) -> bool:

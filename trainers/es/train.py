@@ -51,9 +51,11 @@ import torch
 from tqdm import tqdm
 
 import llm_envs
+from llm_envs.multiturn import is_multiturn
 from trainers.common import distributed
 from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_runtime, to_dict
 from trainers.es.start import start_lines
+from trainers.common.episodes import EpisodeTally, check_command, cut_short
 from trainers.common.held_out import HeldOut
 from trainers.es.masters import load_masters, masters_of, weights_of_record
 from trainers.common.models import load_model, resolve_device, save_model
@@ -206,11 +208,12 @@ def update_coefficients(seeds: list[int], signs: list[float], z: np.ndarray, alp
 
 def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: fullrank.Params,
                  layers: list[lowrank.Layer] | None, batch, rank: int = 0, world: int = 1,
-                 clock: RunClock | None = None):
+                 clock: RunClock | None = None, tally: EpisodeTally | None = None):
     """Evaluate this process's share of the population (members rank, rank + world, ...);
     returns seeds, signs and per-member arrays of mean reward, accuracy and tokens (zeros for
     other processes' members). With a ``clock`` (the main process's), progress bars show the
-    members (full-rank) or rows (low-rank) done, and the clock hears how long the first took."""
+    members (full-rank) or rows (low-rank) done, and the clock hears how long the first took.
+    ``tally``: counts every member's episodes of a multi-turn env."""
     seeds, signs = population(cfg, iteration)
     rewards, accuracy, tokens = (np.zeros(cfg.population) for _ in range(3))
     mine = list(range(rank, cfg.population, world))
@@ -218,7 +221,7 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
     start = time.perf_counter()
     if cfg.noise == "lowrank" or cfg.lora:
         evaluate_batched(cfg, engine, scorer, layers, batch, [(n, seeds[n], signs[n]) for n in mine],
-                         rewards, accuracy, tokens, clock, samples, params)
+                         rewards, accuracy, tokens, clock, samples, params, tally)
         if clock is not None:
             clock.trained(time.perf_counter() - start, 1.0, "iteration")
         return seeds, signs, rewards, accuracy, tokens
@@ -229,6 +232,8 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
                     cfg.samples_per_prompt, cfg.top_p, perturbation=member, progress=clock is not None and f"member {n}",
                     on_progress=clock and clock.generation)
         rewards[n], accuracy[n], tokens[n] = r.mean_reward, r.accuracy, sum(r.num_tokens)
+        if tally is not None:
+            tally.add(r.episodes)
         if clock is not None:
             clock.trained(time.perf_counter() - start, (k + 1) / len(mine), "member")
     return seeds, signs, rewards, accuracy, tokens
@@ -236,14 +241,16 @@ def es_iteration(cfg: ESConfig, iteration: int, engine: Engine, scorer, params: 
 
 def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, members, rewards, accuracy, tokens,
                      clock: RunClock | None = None, samples: list[int] | None = None,
-                     params: fullrank.Params | None = None) -> None:
+                     params: fullrank.Params | None = None, tally: EpisodeTally | None = None) -> None:
     """Low-rank mode and adapters: every (member, prompt, sample) triple is one row of one engine call, rows
     member-major; more calls only when the rows do not fit in memory (an engine that schedules
     its rows itself fits them all). ``--gen-batch-size`` caps the rows of every call: whole
     members while a member's P rows fit, else one member's rows split over calls. ``samples``: the
     sampling seed of each of a member's rows, the same for every member (None: greedy). Fills the
     per-member arrays in place, over all P rows of each member; with a ``clock``, a bar shows the
-    rows done. ``params``: the adapter factors (``--lora-rank``), whose members the rows evaluate."""
+    rows done. ``params``: the adapter factors (``--lora-rank``), whose members the rows evaluate;
+    ``tally`` counts the episodes of a multi-turn env. A row's memory is its prompt plus what it may
+    grow by (``row_growth``: a multi-turn episode's turns and the env's replies too)."""
     batch = [e for e in batch for _ in range(cfg.samples_per_prompt)]  # a member's rows, prompt-major
     P = len(batch)
     if cfg.gen_batch_size:
@@ -252,7 +259,7 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         cap = len(members) * P
     else:
         longest = max(len(ids) for ids in encode_prompts(engine.tokenizer, [e.prompt for e in batch]))
-        cap = max(1, rows_that_fit(engine.model, longest + cfg.max_new_tokens))
+        cap = max(1, rows_that_fit(engine.model, longest + row_growth(scorer.env, cfg.max_new_tokens)))
     rows: dict[int, list[tuple[llm_envs.Score, int]]] = {n: [] for n, _, _ in members}  # (score, tokens) per row
     done = 0  # rows generated, member-major: member done // P, its prompt done % P
     while done < len(members) * P:
@@ -277,6 +284,8 @@ def evaluate_batched(cfg: ESConfig, engine: Engine, scorer, layers, batch, membe
         for k, (n, _, _) in enumerate(chunk):
             own = slice(k * len(prompts), (k + 1) * len(prompts))
             rows[n] += zip(r.scores[own], r.num_tokens[own])
+        if tally is not None:
+            tally.add(r.episodes)
         done += len(chunk) * len(prompts)
     for n, scored in rows.items():
         rewards[n] = np.mean([s.reward for s, _ in scored])
@@ -298,6 +307,12 @@ def with_adapters(model, cfg: ESConfig):
     if not cfg.lora or adapters.has_adapters(model):
         return model
     return adapters.attach(model, cfg, cfg.seed, cfg.model)
+
+
+def row_growth(env, max_new_tokens: int) -> int:
+    """Tokens a row grows by after its prompt: ``max_new_tokens``, or on a multi-turn env the
+    episode's token budget (every turn and the env's replies)."""
+    return env.episode_tokens(max_new_tokens) if is_multiturn(env) else max_new_tokens
 
 
 def perturbable(model, cfg: ESConfig) -> tuple[fullrank.Params, list | None]:
@@ -446,6 +461,8 @@ def train(cfg: ESConfig) -> Path:
     if done == 0:
         held_out(0)
     last = done
+    multiturn, warned = is_multiturn(env), False  # episodes: their statistics logged, the first-turn warning said once
+    check = check_command(cfg.env, cfg.env_args, cfg.model, cfg.max_new_tokens)
     iterations = bar(range(done + 1, cfg.iterations + 1), initial=done, total=cfg.iterations, desc="ES",
                      unit="iteration", run=True, disable=not dist.is_main)
     for it in iterations:
@@ -456,10 +473,16 @@ def train(cfg: ESConfig) -> Path:
         start, cpu = time.perf_counter(), time.process_time()
         dist.phase = f"iteration {it}"
         batch = batch_for(train_examples, per_iteration, cfg.seed, it)
+        tally = EpisodeTally() if multiturn else None
         seeds, signs, rewards, accuracy, tokens = es_iteration(cfg, it, engine, scorer, params, layers, batch,
-                                                               dist.rank, dist.world, clock)
-        # the one exchange of an iteration: 3 x N numbers, each member's on exactly one rank (so the sum is exact)
-        rewards, accuracy, tokens = dist.sum(np.stack([rewards, accuracy, tokens]))
+                                                               dist.rank, dist.world, clock, tally)
+        # the one exchange of an iteration: 3 x N numbers, each member's on exactly one rank (so the sum is
+        # exact), and on a multi-turn env this process's episode sums, added up over the ranks alike
+        summed = dist.sum(np.concatenate([np.stack([rewards, accuracy, tokens]).ravel(),
+                                          tally.sums if tally is not None else []]))
+        rewards, accuracy, tokens = summed[:3 * cfg.population].reshape(3, cfg.population)
+        if tally is not None:
+            tally.sums = summed[3 * cfg.population:]
         z = normalise(rewards, cfg.rank_shaping)
         if z is None:
             say(f"[iter {it}] all {cfg.population} rewards equal ({rewards[0]:.4f}): update skipped")
@@ -475,8 +498,13 @@ def train(cfg: ESConfig) -> Path:
                   "reward_min": float(rewards.min()), "reward_max": float(rewards.max()),
                   "accuracy": float(accuracy.mean()), "skipped": z is None, "seconds": time.perf_counter() - start,
                   "cpu_seconds": time.process_time() - cpu,
-                  "tokens": budget.tokens, "tokens_iteration": int(tokens.sum()), "samples": budget.samples}
+                  "tokens": budget.tokens, "tokens_iteration": int(tokens.sum()), "samples": budget.samples,
+                  **(tally.means() if tally is not None else {})}
         run.log(record, it)
+        warning = tally is not None and not warned and cut_short(tally, cfg.max_new_tokens, env.stop_strings, check)
+        if warning:
+            say(f"[iter {it}] {warning}")
+            warned = True
         last = it
         if cfg.eval_every and it % cfg.eval_every == 0 and it != cfg.iterations and budget.allows(per_step):
             held_out(it)

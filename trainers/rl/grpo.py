@@ -14,7 +14,10 @@ for response i of a group with rewards R and per-token ratio r_t = pi(y_t) / pi_
     grpo:     loss = sum_{i,t} l_t / (number of completion tokens in the step)     token-level mean
     dr_grpo:  loss = sum_{i,t} l_t / (number of responses * loss_norm)           no length normalisation
 
-loss_norm defaults to max_new_tokens; Dr.GRPO's beta defaults to 0 (no reference model is loaded).
+loss_norm defaults to the most tokens the model may write in one response: max_new_tokens, and on a
+multi-turn env the episode's (max_turns x max_new_tokens, within its token budget), so that an
+episode of several turns does not raise the effective learning rate. Dr.GRPO's beta defaults to 0
+(no reference model is loaded).
 With --epochs 1 (default) the ratio is 1 at the single step on each batch (old = current, detached),
 as in TRL; --epochs K takes K optimizer steps on each batch, where the clip bites.
 
@@ -53,7 +56,10 @@ class GRPOConfig(RLConfig):
     loss: str = field(default="grpo", metadata={"help": "grpo: std-normalised advantages, token-mean loss, KL; "
                                                         "dr_grpo: no std, token sums / constant, no KL by default",
                                                 "choices": ["grpo", "dr_grpo"]})
-    loss_norm: int | None = field(default=None, metadata={"help": "dr_grpo: per-response constant the token sums are divided by (default: max_new_tokens)"})
+    loss_norm: int | None = field(default=None, metadata={"help": "dr_grpo: per-response constant the token sums are "
+                                                                  "divided by (default: the tokens the model may write "
+                                                                  "in a response: max_new_tokens, times max_turns for "
+                                                                  "a multi-turn episode)"})
 
     @property
     def algorithm(self) -> str:  # grpo or dr_grpo
@@ -142,7 +148,8 @@ class GRPO:
         advantages = group_advantages(samples.rewards, samples.group_size, cfg.loss == "grpo").to(self.device)
         # the whole step's responses and tokens, over every process (each holds whole groups)
         responses, tokens = self.ranks.sum([len(samples), samples.num_tokens])
-        denominator = loss_denominator(cfg.loss, int(responses), int(tokens), cfg.loss_norm or cfg.max_new_tokens)
+        norm = cfg.loss_norm or samples.response_budget or cfg.max_new_tokens  # a response: one turn, or an episode
+        denominator = loss_denominator(cfg.loss, int(responses), int(tokens), norm)
         old = [token_logprobs(self.model, self.padded(samples, p), cfg.temperature) for p in parts] \
             if cfg.epochs > 1 else None
         ref = [token_logprobs(self.ref, self.padded(samples, p), cfg.temperature) for p in parts] \

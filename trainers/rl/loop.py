@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -24,6 +25,7 @@ import llm_envs
 from trainers.common import adapters, distributed
 from trainers.common.budget import Budget
 from trainers.common.config import ConfigError, TrainConfig, check, settle_runtime, to_dict
+from trainers.common.episodes import EpisodeTally, check_command, cut_short
 from trainers.common.held_out import HeldOut
 from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
@@ -212,6 +214,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     if done == 0:
         held_out(0)
     step = done
+    warned = False  # the first-turn warning of a multi-turn env, said once
     steps = bar(range(done + 1, cfg.steps + 1), initial=done, total=cfg.steps, desc=algo.name, unit="step", run=True,
                 disable=not ranks.is_main)
     for step in steps:
@@ -239,13 +242,25 @@ def train(cfg: RLConfig, algorithm) -> Path:
         ranks.sync_engine(engine, model, dtype)  # the next rollouts and evaluations see this step
         used += 1
         r = torch.tensor(ranks.gather(samples.rewards.tolist()), dtype=torch.float32)  # the whole batch's
-        n, correct, tokens = ranks.sum([len(samples), int(samples.correct.sum()), samples.num_tokens])
+        n, correct, tokens, *episode_sums = ranks.sum([len(samples), int(samples.correct.sum()), samples.num_tokens,
+                                                       *(samples.episode_sums or [])])
+        tally = None
+        if samples.episode_sums is not None:  # a multi-turn env: its statistics, as eval names them
+            tally = EpisodeTally()
+            tally.sums = np.asarray(episode_sums)
         record = {"iteration": step, "reward_mean": float(r.mean()), "reward_std": float(r.std(unbiased=False)),
                   "reward_min": float(r.min()), "reward_max": float(r.max()),
                   "accuracy": float(correct / n), "response_length": float(tokens / n), **stats,
                   "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
-                  "sampling_seconds": sampling, "samples": budget.samples, "tokens": budget.tokens}
+                  "sampling_seconds": sampling, "samples": budget.samples, "tokens": budget.tokens,
+                  **(tally.means() if tally is not None else {})}
         run.log(record, step)
+        warning = tally is not None and not warned and cut_short(tally, cfg.max_new_tokens, env.stop_strings,
+                                                                   check_command(cfg.env, cfg.env_args, cfg.model,
+                                                                                 cfg.max_new_tokens))
+        if warning:
+            say(f"[step {step}] {warning}")
+            warned = True
         if clock:
             clock.trained(record["seconds"], 1.0, "step")
         if cfg.eval_every and step % cfg.eval_every == 0 and step != cfg.steps:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from llm_envs import BatchScorer, Example
+from trainers.common.episodes import EpisodeTally
 from trainers.common.rollout import rollout
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts
@@ -32,6 +33,11 @@ class Samples:
     # Multi-turn episodes (``trainers.rl.masking``): a completion is everything after the first
     # prompt, model turns and env turns; per token 1 = the model's (trained on), 0 = the env's.
     loss_masks: list[list[int]] | None = None
+    # Their statistics' sums on this process (``EpisodeTally.sums``), for the log.
+    episode_sums: list[float] | None = None
+    # The most tokens the model may write in one response: max_new_tokens, or over an episode's
+    # turns (``MultiTurnEnv.model_tokens``); Dr.GRPO's default normaliser. None: max_new_tokens.
+    response_budget: int | None = None
 
     def __len__(self) -> int:
         return len(self.completion_ids)
@@ -53,13 +59,16 @@ def sample(engine: Engine, scorer: BatchScorer, examples: Sequence[Example], gro
     r = rollout(engine, scorer, examples, max_new_tokens, batch_size, temperature, seed, group_size,
                 progress=progress, on_progress=on_progress)
     if r.episodes is not None:  # a multi-turn env: the exact ids of each episode, the env's masked
+        tally = EpisodeTally()
+        tally.add(r.episodes)
         return Samples(r.examples, [e.prompt_ids for e in r.episodes], [e.ids for e in r.episodes], r.texts,
                        torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
-                       torch.tensor([bool(s.correct) for s in r.scores]), group_size, [e.mask for e in r.episodes])
+                       torch.tensor([bool(s.correct) for s in r.scores]), group_size, [e.mask for e in r.episodes],
+                       tally.sums.tolist(), getattr(scorer, "env", scorer).model_tokens(max_new_tokens))
     prompt_ids = [ids for ids in encode_prompts(engine.tokenizer, [e.prompt for e in examples]) for _ in range(group_size)]
     return Samples(r.examples, prompt_ids, r.generation.token_ids, r.texts,
                    torch.tensor([s.reward for s in r.scores], dtype=torch.float32),
-                   torch.tensor([bool(s.correct) for s in r.scores]), group_size)
+                   torch.tensor([bool(s.correct) for s in r.scores]), group_size, response_budget=max_new_tokens)
 
 
 def step_seed(seed: int, step: int) -> int:

@@ -11,8 +11,8 @@ import torch
 
 from trainers.engines.base import ModelWeightsEngine
 from trainers.common.progress import RowProgress, rows_bar
-from trainers.engines.generation import (GenerationResult, check_decoding, cut_at_stop, encode_prompts, result_of,
-                                         rows_that_fit, stop_token_ids)
+from trainers.engines.generation import (GenerationResult, StopStrings, check_decoding, cut_at_stop, encode_prompts,
+                                         result_of, rows_that_fit, stop_token_ids)
 from trainers.engines.native.model import Decoder, left_padded, prefill_mask, unsupported
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
@@ -57,7 +57,7 @@ class NativeEngine(ModelWeightsEngine):
 
     def generate(self, prompts, max_new_tokens=256, batch_size=32, temperature=0.0, top_p=1.0, top_k=0, seed=None,
                  num_return_sequences=1, progress=False, sort=True, min_new_tokens=0, on_progress=None,
-                 perturbation: Perturbation | None = None) -> GenerationResult:
+                 perturbation: Perturbation | None = None, stop_strings=()) -> GenerationResult:
         check_decoding(prompts, max_new_tokens, batch_size, num_return_sequences, temperature, top_p)
         start = time.perf_counter()
         n = num_return_sequences
@@ -81,6 +81,7 @@ class NativeEngine(ModelWeightsEngine):
         # One random stream per row, so a row's sample never depends on the wave it lands in.
         uniforms = row_uniforms(row_seeds(seed, len(rows)), max_new_tokens, len(rows), self.device) \
             if temperature > 0 else None
+        strings = StopStrings(self.tokenizer, stop_strings)
         bar = rows_bar(len(rows), progress)
         tracker = RowProgress(bar, on_progress, len(rows), max_new_tokens)
         out: list[tuple[list[int], bool] | None] = [None] * len(rows)
@@ -92,7 +93,7 @@ class NativeEngine(ModelWeightsEngine):
                     wave_members = None if members is None else members[torch.tensor(wave, device=self.device)]
                     wave_uniforms = None if uniforms is None else uniforms[torch.tensor(wave, device=self.device)]
                     args = ([rows[k] for k in wave], wave_members, noise, sampler, wave_uniforms, max_new_tokens,
-                            min(min_new_tokens, max_new_tokens), tracker)
+                            min(min_new_tokens, max_new_tokens), tracker, strings)
                     generated = self._wave(*args) if self.static is None else \
                         self.static.wave(*args, pad=self.pad, stops=self.stops)
                     for k, ids in zip(wave, generated):
@@ -103,14 +104,17 @@ class NativeEngine(ModelWeightsEngine):
                 bar.close()
             if self.static is not None and not self.static.graphs:
                 self.static.release()  # kept across calls only for the graphs that read them
-        return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings)
+        return result_of(self.tokenizer, out, [len(r) for r in rows], time.perf_counter() - start, len(waves), timings,
+                         strings)
 
     def _wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
-              uniforms: torch.Tensor | None, max_new: int, min_new: int, tracker: RowProgress) -> list[list[int]]:
+              uniforms: torch.Tensor | None, max_new: int, min_new: int, tracker: RowProgress,
+              strings: StopStrings) -> list[list[int]]:
         """Generate every row of one wave: one prefill of the left-padded prompts, then one decode
         step per token for the rows still live (``uniforms (rows, max_new)``: each row's random
-        numbers when sampling). Returns each row's ``max_new`` slots of ids (what follows a stop
-        token is left as it was: ``cut_at_stop`` drops it)."""
+        numbers when sampling); a row whose newest token completes one of ``strings`` leaves too.
+        Returns each row's ``max_new`` slots of ids (what follows a stop token or string is left as
+        it was: ``result_of`` drops it)."""
         dev, slots = self.device, len(rows)
         ids, valid = left_padded(rows, self.pad, dev)
         width = ids.shape[1]
@@ -138,6 +142,9 @@ class NativeEngine(ModelWeightsEngine):
             if step == max_new - 1:
                 break
             done = torch.isin(tok, stops)
+            if strings:
+                tails = generated[slot_row[:live], max(0, step + 1 - strings.window):step + 1].tolist()
+                done |= torch.tensor([strings.hit(t) for t in tails], device=dev)
             if self.compact and bool(done.any()):
                 keep = ~done
                 live = int(keep.sum())

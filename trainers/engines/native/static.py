@@ -46,6 +46,7 @@ import torch
 
 from trainers.common.progress import RowProgress
 from trainers.engines.native.model import Decoder, left_padded, prefill_mask
+from trainers.engines.generation import StopStrings
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.sampling import Sampler
 
@@ -194,10 +195,11 @@ class FixedShapes:
         return replay
 
     def wave(self, rows: list[list[int]], members: torch.Tensor | None, noise: RowNoise | None, sample: Sampler,
-             uniforms: torch.Tensor | None, max_new: int, min_new: int, tracker: RowProgress, pad: int,
-             stops: list[int]) -> list[list[int]]:
+             uniforms: torch.Tensor | None, max_new: int, min_new: int, tracker: RowProgress, strings: StopStrings,
+             pad: int, stops: list[int]) -> list[list[int]]:
         """As ``NativeEngine._wave``, at fixed shapes: the rows in ``bucket(len(rows))`` slots, every
-        slot decoding every step until all real rows are done."""
+        slot decoding every step until all real rows are done (stop strings are looked for at the
+        host's looks, every ``SYNC_EVERY`` steps, over the tokens since the last)."""
         n, slots = len(rows), bucket(len(rows))
         ids, valid = left_padded(rows + [[]] * (slots - n), pad, self.decoder.head.weight.device)
         width = ids.shape[1]
@@ -229,6 +231,9 @@ class FixedShapes:
                 break
             done |= torch.isin(tok, stop_ids)
             if (step + 1) % SYNC_EVERY == 0:
+                if strings:
+                    tails = generated[:n, max(0, step + 1 - strings.window - SYNC_EVERY):step + 1].tolist()
+                    done[:n] |= torch.tensor([strings.hit(t, SYNC_EVERY) for t in tails], device=dev)
                 live = n - int(done[:n].sum())
                 tracker.step(step + 1, live)
                 if live == 0:
