@@ -8,9 +8,11 @@ then the population-batched generation of ES on adapters against plain generatio
     python -m benchmarks.memory.lora --cases grpo_full grpo_lora8     # some of the cases
 
 Cases (each in a fresh process, as ``peak.py``: peak memory during the step above the memory in use
-before any model was loaded; on CPU the process's VmHWM, on CUDA ``max_memory_allocated``):
+before any model was loaded; on CPU the process's VmHWM with glibc's mmap threshold fixed, ``LIVE_MEMORY``,
+on CUDA ``max_memory_allocated``):
 
-- ``grpo_full``: one GRPO step on every weight (fp32 masters, the frozen reference copy, AdamW);
+- ``grpo_full``: one GRPO step on every weight (fp32 masters, the frozen reference copy, AdamW), the
+  second of the run (the GRPO cases take one step first, so AdamW's state is there, as in a run);
 - ``grpo_lora8``, ``grpo_lora64``: the same step on adapters of rank 8 / 64 (the base frozen, the KL
   reference the base with adapters disabled, AdamW on the adapters only);
 - ``es_full``: one ES iteration with full-rank noise, the N members one after another;
@@ -58,6 +60,12 @@ def training_state_bytes(model, optimizer=None, params=None, reference=None) -> 
     return total
 
 
+#: glibc keeps freed heap memory, so a CPU's VmHWM would count what the allocator retains; a fixed
+#: mmap threshold serves every allocation of 64 KiB or more from its own mapping, returned when
+#: freed, so the resident set follows the live tensors (to within ~90 MiB here; no effect on CUDA).
+LIVE_MEMORY = {"MALLOC_MMAP_THRESHOLD_": "65536"}
+
+
 def child(args) -> dict:
     """Set up and run one step of the case ``args.child`` in this process; returns its measurements."""
     import torch
@@ -85,7 +93,7 @@ def child(args) -> dict:
     start = time.perf_counter()
     if case.startswith("grpo"):
         cfg = GRPOConfig(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
-                         max_new_tokens=args.max_new_tokens, score_workers=0, device=args.device, lora_rank=rank,
+                         max_new_tokens=args.max_new_tokens, grad_accum=args.grad_accum, score_workers=0, device=args.device, lora_rank=rank,
                          engine=args.engine, dtype=args.dtype)
         cfg.validate()
         compute = torch.bfloat16 if args.dtype == "bf16" else None  # fp32 weights (full) computing in it
@@ -117,14 +125,19 @@ def child(args) -> dict:
         finally:
             generated["seconds"] += time.perf_counter() - t0
 
+    def grpo_step(seed: int) -> int:
+        samples = sampling.sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens, 64, cfg.temperature,
+                                  seed=seed)
+        algo.update(algo.prepare(samples), optimizer)
+        return samples.num_tokens
+
+    if case.startswith("grpo"):  # a run's steady step: AdamW's state exists (the first step creates it after backward)
+        grpo_step(1)
     engine.generate = timed
     peak = start_peak(cuda)
     start = time.perf_counter()
     if case.startswith("grpo"):
-        samples = sampling.sample(engine, scorer, prompts, cfg.group_size, cfg.max_new_tokens, 64, cfg.temperature,
-                                  seed=0)
-        algo.update(algo.prepare(samples), optimizer)
-        tokens = samples.num_tokens
+        tokens = grpo_step(0)
     elif case == "plain":
         out = engine.generate([e.prompt for _ in range(cfg.population) for e in prompts], args.max_new_tokens,
                               batch_size=cfg.population * len(prompts), sort=False)
@@ -148,7 +161,8 @@ def report(results: dict[str, dict], args) -> list[str]:
     mib = 2 ** 20
     first = next(iter(results.values()))
     lines = [f"model {args.model} ({first['parameters'] / 1e6:.1f}M parameters), {first['device']}, engine {args.engine}, "
-             f"{args.prompts} prompts x {args.group_size} responses, <= {args.max_new_tokens} new tokens",
+             f"{args.prompts} prompts x {args.group_size} responses, <= {args.max_new_tokens} new tokens, "
+             f"GRPO in {args.grad_accum} micro-batch(es)",
              f"{'case':<13}{'peak MiB':>9}{'step s':>8}{'gen s':>7}{'trainable':>11}{'state B/param':>14}{'tokens':>8}"]
     for case, r in results.items():
         lines.append(f"{case:<13}{r['peak_bytes'] / mib:>9.0f}{r['step_seconds']:>8.1f}{r['generate_seconds']:>7.1f}"
@@ -174,13 +188,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--engine", default="auto", help="generation engine of every case (default auto)")
     parser.add_argument("--dtype", default="fp32", help="ES's and plain generation's dtype (default fp32; GRPO: fp32 "
                                                         "weights, this compute dtype on CUDA)")
+    parser.add_argument("--grad-accum", type=int, default=1, help="GRPO's micro-batches per step (default 1: the whole "
+                                                                  "batch in one, activations the largest)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which cases (default: all)")
     args = parser.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
-    passthrough = [*batch_passthrough(args), "--engine", args.engine, "--dtype", args.dtype]
-    results = in_fresh_processes("benchmarks.memory.lora", passthrough, args.cases)
+    passthrough = [*batch_passthrough(args), "--engine", args.engine, "--dtype", args.dtype, "--grad-accum",
+                   str(args.grad_accum)]
+    results = in_fresh_processes("benchmarks.memory.lora", passthrough, args.cases, LIVE_MEMORY)
     print("\n".join(report(results, args)))
     if args.json:
         with open(args.json, "w") as f:

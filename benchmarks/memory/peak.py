@@ -192,13 +192,15 @@ def batch_passthrough(args) -> list[str]:
             *(["--device", args.device] if args.device else [])]
 
 
-def in_fresh_processes(module: str, passthrough: list[str], cases) -> dict[str, dict]:
+def in_fresh_processes(module: str, passthrough: list[str], cases, env: dict[str, str] | None = None) -> dict[str, dict]:
     """``python -m module PASSTHROUGH --child CASE`` for each case, one fresh process each (peak
-    memory does not mix): the RESULT line each prints, by case; exits with the stderr of one that fails."""
+    memory does not mix), with ``env`` added to its environment: the RESULT line each prints, by
+    case; exits with the stderr of one that fails."""
     results = {}
     for case in cases:
         print(f"measuring {case} in a fresh process ...", file=sys.stderr, flush=True)
-        proc = subprocess.run([sys.executable, "-m", module, *passthrough, "--child", case], capture_output=True, text=True)
+        proc = subprocess.run([sys.executable, "-m", module, *passthrough, "--child", case], capture_output=True, text=True,
+                              env={**os.environ, **(env or {})})
         line = next((x for x in proc.stdout.splitlines() if x.startswith("RESULT ")), None)
         if proc.returncode != 0 or line is None:
             sys.exit(f"error: the {case} measurement failed:\n{proc.stderr[-3000:]}")

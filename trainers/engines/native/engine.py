@@ -125,7 +125,7 @@ class NativeEngine(ModelWeightsEngine):
         columns = torch.zeros(slots, length, dtype=cache.k.dtype, device=dev)
         columns[:, :width].masked_fill_(~valid, float("-inf"))
         if noise is not None:
-            noise.select(members)
+            noise.select(members, keep=True)
         logits = self.decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
 
         stops = torch.tensor(self.stops, device=dev)
@@ -159,7 +159,7 @@ class NativeEngine(ModelWeightsEngine):
                     members[holes] = members[movers]
                 tok = tok[:live]
                 if noise is not None:
-                    noise.select(members[:live])
+                    noise.select(members[:live], keep=True)
             column = width + step
             logits = self.decoder.forward(tok[:, None], pos[:live, None], rope, cache, column,
                                           columns[:live, None, None, :column + 1], noise)

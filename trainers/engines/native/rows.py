@@ -27,6 +27,10 @@ import torch
 
 from trainers.es.noise.lowrank import ELEMENTWISE_MAX_RANK, Population
 
+#: The most memory the live rows' gathered factors may hold between two ``select`` calls (``keep``):
+#: gathering them at every product, per decode step, was a quarter of ES's step on rank-8 adapters.
+KEEP_BYTES = 1 << 29
+
 #: The module names the native decoder applies adapters on (``GROUPS``' leaves).
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -62,6 +66,9 @@ class RowNoise:
             raise ValueError("--engine native: the low-rank or adapter layers are not all q/k/v/o/gate/up/down "
                              "projections of the decoder's layers; use --engine hf")
         self.members = torch.zeros(0, dtype=torch.long)
+        self.kept: dict[tuple[int, str], tuple[torch.Tensor, list[torch.Tensor | None]]] | None = None
+        self.row_bytes = sum((g.Bt[0].numel() + sum(a[0].numel() for a in g.At if a is not None)) * g.Bt.element_size()
+                             for g in self.groups.values())  # one row's factors over every layer
 
     def take(self, other: RowNoise) -> bool:
         """Copy ``other``'s factors into this one's tensors, in place: a captured CUDA graph reads
@@ -80,9 +87,14 @@ class RowNoise:
                     a.copy_(b)
         return True
 
-    def select(self, members: torch.Tensor) -> None:
-        """The live rows are now of members ``members`` (one index per row, in slot order)."""
+    def select(self, members: torch.Tensor, keep: bool = False) -> None:
+        """The live rows are now of members ``members`` (one index per row, in slot order).
+        ``keep``: gather each live row's factors once and keep them until the next ``select`` (the
+        decode steps between two changes of the live rows reuse them) when they fit in
+        ``KEEP_BYTES``; else, and always in a captured CUDA graph's fixed-shape path, ``add``
+        gathers them at every product."""
         self.members = members
+        self.kept = {} if keep and len(members) * self.row_bytes <= KEEP_BYTES else None
 
     def add(self, layer: int, group: str, x: torch.Tensor, outs: tuple[torch.Tensor, ...]) -> None:
         """Add each row's member correction to ``outs (rows, T, d_out)`` in place; their input is
@@ -91,16 +103,33 @@ class RowNoise:
         g = self.groups.get((layer, group))
         if g is None:
             return
-        Bt = g.Bt.index_select(0, self.members)
+        if g.Bt.shape[0] == 1:  # one member (a PEFT model's own adapter) on every row: plain products
+            xb = x.reshape(-1, x.shape[-1]).to(g.Bt.dtype) @ g.Bt[0].T  # (rows * T, g * R)
+            col = 0
+            for out, a in zip(outs, g.At):
+                if a is not None:
+                    out.add_((xb[:, col:col + g.rank] @ a[0]).view(out.shape))
+                    col += g.rank
+            return
+        Bt, At = self.rows_of((layer, group), g)
         xb = torch.bmm(Bt, x.to(Bt.dtype).transpose(1, 2))  # (rows, g * R, T): this layout was the fastest on CPU
         col, r = 0, g.rank
-        for out, a in zip(outs, g.At):
+        for out, a in zip(outs, At):
             if a is None:
                 continue
-            a = a.index_select(0, self.members)  # (rows, R, d_out)
             if r <= ELEMENTWISE_MAX_RANK:  # rank-1 updates: several times faster than bmm with R columns on CPU
                 for c in range(r):
                     out.addcmul_(xb[:, col + c, :, None], a[:, c:c + 1])
             else:
                 out.baddbmm_(xb[:, col:col + r].transpose(1, 2), a)
             col += r
+
+    def rows_of(self, key: tuple[int, str], g: _Group) -> tuple[torch.Tensor, list[torch.Tensor | None]]:
+        """The live rows' factors of group ``g``: ``Bt (rows, g * R, d_in)`` and each projection's
+        ``A^T (rows, R, d_out)``, gathered now or kept since ``select``."""
+        if self.kept is not None and key in self.kept:
+            return self.kept[key]
+        rows = (g.Bt.index_select(0, self.members), [None if a is None else a.index_select(0, self.members) for a in g.At])
+        if self.kept is not None:
+            self.kept[key] = rows
+        return rows
