@@ -257,7 +257,7 @@ def test_es_on_adapters_resumes_after_a_kill_to_the_uninterrupted_result(engine,
     assert any(not r["skipped"] for r in log if "reward_mean" in r), "rewards never differed: the test proves nothing"
     final = adapter_weights(whole)
     assert any("lora_B" in k and v.abs().sum() > 0 for k, v in final.items())  # B moved from 0
-    with kill_on_call(es, "rollout", 3):  # iteration 3's one batched rollout (after the checkpoint of 2)
+    with kill_on_call(es, "rollout", 4):  # iteration 4's rollout: after the checkpoint of 2 and the logged update of 3
         es.main(es_args(tiny_model_dir, killed, "--engine", engine))
     assert not (killed / "final").exists()
     es.main(["--resume", str(killed)])
