@@ -28,7 +28,8 @@ import torch
 from trainers.es.noise.lowrank import ELEMENTWISE_MAX_RANK, Population
 
 #: The most memory the live rows' gathered factors may hold between two ``select`` calls (``keep``):
-#: gathering them at every product, per decode step, was a quarter of ES's step on rank-8 adapters.
+#: gathering them at every product, per decode step, copies a population's factors per row per step
+#: (ES on rank-8 adapters: 0.76x plain generation before this, 0.81x after, in two runs on one CPU).
 KEEP_BYTES = 1 << 29
 
 #: The module names the native decoder applies adapters on (``GROUPS``' leaves).
