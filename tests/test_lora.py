@@ -13,7 +13,7 @@ import torch
 
 from trainers.common import adapters
 from trainers.common.adapters import LoraOptions
-from trainers.common.models import load_model
+from trainers.common.models import load_model, save_model
 from trainers.engines.hf import HFEngine
 from trainers.engines.native import NativeEngine
 from trainers.es.noise import fullrank
@@ -112,13 +112,16 @@ def test_es_adapter_options_are_one_line(argv, message, tiny_model_dir, tmp_path
     assert message in capsys.readouterr().err
 
 
-def test_native_refuses_targets_outside_its_projections():
+def test_native_and_vllm_es_refuse_targets_outside_their_projections():
     from trainers.engines.adapters import engine_refuses
 
     why = engine_refuses("native", LoraOptions(lora_rank=4, lora_targets="q_proj,c_fc"))
     assert "--engine native applies adapters to q_proj" in why and "c_fc" in why
     assert engine_refuses("native", LoraOptions(lora_rank=4, lora_targets="q_proj")) is None
-    assert "ES on LoRA adapters" in engine_refuses("vllm", LoraOptions(lora_rank=4), es=True)
+    why = engine_refuses("vllm", LoraOptions(lora_rank=4, lora_targets="q_proj,c_fc"), es=True)
+    assert "ES on adapters with --engine vllm serves adapters on q_proj" in why and "c_fc" in why
+    assert engine_refuses("vllm", LoraOptions(lora_rank=4), es=True) is None
+    assert engine_refuses("vllm", LoraOptions(lora_rank=4, lora_targets="q_proj,c_fc")) is None  # RL: merged
 
 
 # ----- ES on adapters --------------------------------------------------------------------------------
@@ -524,7 +527,7 @@ needs_vllm = pytest.mark.skipif(__import__("importlib").util.find_spec("vllm") i
 
 
 @needs_vllm
-def test_vllm_generates_with_the_adapter_merged_and_refuses_an_es_population(tiny_tokenizer):
+def test_vllm_generates_with_the_adapter_merged(tiny_tokenizer):
     from tests.conftest import build_tiny_model
     from trainers.engines import make_engine
 
@@ -534,23 +537,67 @@ def test_vllm_generates_with_the_adapter_merged_and_refuses_an_es_population(tin
         hf = HFEngine(model, tiny_tokenizer).generate(PROMPTS, max_new_tokens=8)
         assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == hf.token_ids
         layers = adapter_layers(model)
-        with pytest.raises(TypeError, match="ES on adapters: use --engine native or hf"):
+        with pytest.raises(TypeError, match="needs lora_members"):
             engine.generate(PROMPTS * 2, max_new_tokens=4,
                             perturbation=AdapterMembers(params_of(layers), layers, [1, 2], [1.0, 1.0], 0.1))
     finally:
         engine.close()
 
 
-def test_es_on_adapters_refuses_the_vllm_engine_in_one_line(tiny_model_dir, tmp_path, capsys):
+@needs_vllm
+def test_vllm_serves_an_es_population_of_adapters_as_lora_requests(tiny_tokenizer):
+    """Each member's rows under its own ``LoRARequest`` give that member's greedy text alone (its
+    adapter written into the PEFT model, generated with hf); plain generation serves the adapter as
+    it is after each ``sync_weights``; a call's adapters are gone from the engine afterwards."""
+    from tests.conftest import build_tiny_model
+    from trainers.engines import make_engine
+
+    model = with_lora(build_tiny_model(tiny_tokenizer, head_dim=32), trained=True)
+    layers = adapter_layers(model)
+    params = params_of(layers)
+    seeds, signs, sigma = [3, 3, 4], [1.0, -1.0, 1.0], 0.2
+    reference = HFEngine(model, tiny_tokenizer)
+    alone = []
+    for seed, sign in zip(seeds, signs):
+        with HFEngine.written_into_weights(FullRankMember(params, seed, sigma, sign)):
+            alone += reference.generate(PROMPTS, max_new_tokens=8, sort=False).token_ids
+    assert len({tuple(t) for t in alone}) > len(PROMPTS)  # members answer differently
+    engine = make_engine("vllm", model, tiny_tokenizer, lora_members=len(seeds))
+    try:
+        assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == reference.generate(PROMPTS, 8).token_ids
+        batched = engine.generate(PROMPTS * len(seeds), max_new_tokens=8, sort=False,
+                                  perturbation=AdapterMembers(params, layers, seeds, signs, sigma)).token_ids
+        assert batched == alone
+        assert engine.llm.llm_engine.list_loras() <= {engine.adapters.own().lora_int_id}  # members removed
+        with torch.no_grad():  # an update: the adapter moves, the base does not
+            layers[0].B.add_(0.5)
+        engine.sync_weights()
+        after = reference.generate(PROMPTS, max_new_tokens=8).token_ids
+        assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == after
+        base = HFEngine(build_tiny_model(tiny_tokenizer, head_dim=32), tiny_tokenizer)
+        assert after != base.generate(PROMPTS, max_new_tokens=8).token_ids  # the adapter is applied, not ignored
+    finally:
+        engine.close()
+
+
+@needs_vllm
+def test_es_on_adapters_runs_on_the_vllm_engine(tiny_tokenizer, tmp_path):
+    """A short ES run on adapters with --engine vllm leaves a PEFT adapter, and its rewards are those
+    of the same run on the hf engine (the same members, the same greedy texts)."""
+    from tests.conftest import build_tiny_model
     from trainers.es import train as es
 
-    if __import__("importlib").util.find_spec("vllm") is None:
-        pytest.skip("without vLLM, --engine vllm is refused for that reason first")
-    with pytest.raises(SystemExit):
-        es.main(["--env", LETTER, "--model", str(tiny_model_dir), "--out", str(tmp_path / "run"), "--lora-rank", "4",
-                 "--engine", "vllm"])
-    assert "--engine vllm: ES on LoRA adapters (one adapter per member) is not supported" in capsys.readouterr().err
-    assert not (tmp_path / "run").exists()
+    model_dir = save_model(build_tiny_model(tiny_tokenizer, head_dim=32), tiny_tokenizer, tmp_path / "model")
+    args = ["--env", "Conciseness-v0", "--model", str(model_dir), "--iterations", "2", "--population", "4",
+            "--mirrored", "true", "--sigma", "0.2", "--alpha", "0.1", "--max-new-tokens", "6", "--batch-size", "2",
+            "--eval-every", "0", "--seed", "3", "--lora-rank", "2"]
+    es.main([*args, "--engine", "vllm", "--out", str(tmp_path / "vllm")])
+    es.main([*args, "--engine", "hf", "--out", str(tmp_path / "hf")])
+    rewards = {name: [json.loads(line).get("reward_mean") for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+               for name in ("vllm", "hf")}
+    rewards = {name: [r for r in values if r is not None] for name, values in rewards.items()}
+    assert len(rewards["vllm"]) == 2 and rewards["vllm"] == pytest.approx(rewards["hf"])
+    assert (tmp_path / "vllm" / "final" / "adapter_model.safetensors").is_file()
 
 
 def test_the_adapter_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):

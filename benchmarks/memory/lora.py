@@ -6,6 +6,7 @@ then the population-batched generation of ES on adapters against plain generatio
     python -m benchmarks.memory.lora                                  # the default model, CPU or CUDA
     python -m benchmarks.memory.lora --model PATH --json lora.json    # any model; results also as JSON
     python -m benchmarks.memory.lora --cases grpo_full grpo_lora8     # some of the cases
+    python -m benchmarks.memory.lora --grad-accum 8 --gradient-checkpointing --cases grpo_full grpo_lora8
 
 Cases (each in a fresh process, as ``peak.py``: peak memory during the step above the memory in use
 before any model was loaded; on CPU the process's VmHWM, for the GRPO cases with glibc's mmap threshold
@@ -96,10 +97,11 @@ def child(args) -> dict:
     if case.startswith("grpo"):
         cfg = GRPOConfig(env=args.env, model=args.model, group_size=args.group_size, batch_size=args.prompts, beta=1e-3,
                          max_new_tokens=args.max_new_tokens, grad_accum=args.grad_accum, score_workers=0, device=args.device, lora_rank=rank,
-                         engine=args.engine, dtype=args.dtype)
+                         engine=args.engine, dtype=args.dtype, gradient_checkpointing=args.gradient_checkpointing)
         cfg.validate()
         compute = torch.bfloat16 if args.dtype == "bf16" else None  # fp32 weights (full) computing in it
-        model, tokenizer = policy.load_policy(args.model, args.device, False, compute, cfg, 0, args.model)
+        model, tokenizer = policy.load_policy(args.model, args.device, args.gradient_checkpointing, compute, cfg, 0,
+                                              args.model)
         ref = adapters.BaseOf(model) if rank else policy.load_reference(args.model, args.device, compute)
         algo = GRPO(cfg, model, tokenizer, ref)
         optimizer = policy.make_optimizer(algo.param_groups(), cfg.lr)
@@ -164,7 +166,7 @@ def report(results: dict[str, dict], args) -> list[str]:
     first = next(iter(results.values()))
     lines = [f"model {args.model} ({first['parameters'] / 1e6:.1f}M parameters), {first['device']}, engine {args.engine}, "
              f"{args.prompts} prompts x {args.group_size} responses, <= {args.max_new_tokens} new tokens, "
-             f"GRPO in {args.grad_accum} micro-batch(es)",
+             f"GRPO in {args.grad_accum} micro-batch(es){', activations checkpointed' if args.gradient_checkpointing else ''}",
              f"{'case':<13}{'peak MiB':>9}{'step s':>8}{'gen s':>7}{'trainable':>11}{'state B/param':>14}{'tokens':>8}"]
     for case, r in results.items():
         lines.append(f"{case:<13}{r['peak_bytes'] / mib:>9.0f}{r['step_seconds']:>8.1f}{r['generate_seconds']:>7.1f}"
@@ -192,13 +194,15 @@ def main(argv: list[str] | None = None) -> None:
                                                         "weights, this compute dtype on CUDA)")
     parser.add_argument("--grad-accum", type=int, default=1, help="GRPO's micro-batches per step (default 1: the whole "
                                                                   "batch in one, activations the largest)")
+    parser.add_argument("--gradient-checkpointing", action="store_true",
+                        help="GRPO recomputes its activations in the backward pass (every GRPO case alike)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which cases (default: all)")
     args = parser.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
         return
     passthrough = [*batch_passthrough(args), "--engine", args.engine, "--dtype", args.dtype, "--grad-accum",
-                   str(args.grad_accum)]
+                   str(args.grad_accum), *(["--gradient-checkpointing"] if args.gradient_checkpointing else [])]
     # GRPO's question is memory: its cases run with LIVE_MEMORY; ES's is speed, and mmap-served
     # allocations (a page fault per fresh page) would slow generation: the default allocator
     grpo = [c for c in args.cases if c.startswith("grpo")]

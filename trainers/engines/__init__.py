@@ -22,10 +22,12 @@ from trainers.engines.options import AUTO, ENGINE_FIELDS, ENGINES, EngineOptions
 __all__ = ["AUTO", "ENGINE_FIELDS", "ENGINES", "EngineOptions", "EngineUnavailable", "make_engine", "vllm_missing"]
 
 
-def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None):
+def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=None, lora_members: int = 0):
     """The engine ``options`` names (``auto``: the one ``choice.choose_engine`` picks for ``model``),
     generating for ``model``. ``compute_dtype``: the dtype to generate in when it is not the
-    weights' (the RL policy's fp32 weights generate in bf16 under autocast)."""
+    weights' (the RL policy's fp32 weights generate in bf16 under autocast). ``lora_members``: ES on
+    adapters, up to this many members per call (the vllm engine serves them as ``LoRARequest``s; the
+    others read the adapters from the model)."""
     if isinstance(options, str):
         options = EngineOptions(engine=options)
     options.check_engine_options()
@@ -44,4 +46,4 @@ def make_engine(options: EngineOptions | str, model, tokenizer, compute_dtype=No
         return NativeEngine(model, tokenizer, compute_dtype)
     from trainers.engines.vllm_engine import VLLMEngine
 
-    return VLLMEngine(model, tokenizer, options.engine_options(), compute_dtype)
+    return VLLMEngine(model, tokenizer, options.engine_options(), compute_dtype, lora_members=lora_members)

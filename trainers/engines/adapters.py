@@ -6,8 +6,9 @@
   as a population of one; it does this on the q/k/v/o/gate/up/down projections, so other targets
   are refused.
 - ``vllm``: generation with an adapter gets the merged weights W + scale B A (``merged_weights``),
-  loaded like any other weights after each update; an ES population of adapters is refused (one
-  ``LoRARequest`` per member, written to disk every iteration, is not built: use native or hf).
+  loaded like any other weights after each update (RL). An ES population of adapters is one
+  ``LoRARequest`` per member over the unmerged base (``base_weights``; ``vllm_adapters.py``), on
+  the projections vLLM's multi-LoRA serves (q/k/v/o/gate/up/down).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ def engine_refuses(engine: str, opts, es: bool = False) -> str | None:
         other = ", ".join(t for t in targets if t not in PROJECTIONS)
         return (f"--lora-targets {opts.lora_targets}: --engine native applies adapters to {', '.join(PROJECTIONS)} "
                 f"only, not {other}; use --engine hf")
-    if engine == "vllm" and es:
-        return ("--engine vllm: ES on LoRA adapters (one adapter per member) is not supported on the vllm engine; "
-                "use --engine native or hf (both batch the whole population in one generation)")
+    if engine == "vllm" and es and targets and any(t not in PROJECTIONS for t in targets):
+        other = ", ".join(t for t in targets if t not in PROJECTIONS)
+        return (f"--lora-targets {opts.lora_targets}: ES on adapters with --engine vllm serves adapters on "
+                f"{', '.join(PROJECTIONS)} only, not {other}; use --engine hf")
     return None
 
 
@@ -53,4 +55,12 @@ def merged_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
             delta = m.scaling[active] * (m.lora_B[active].weight.float() @ m.lora_A[active].weight.float())
             yield f"{layer_name}.{leaf}", (p.detach().float() + (delta.T if m.fan_in_fan_out else delta)).to(p.dtype)
         else:
+            yield name.replace(".base_layer.", "."), p.detach()
+
+
+def base_weights(model) -> Iterator[tuple[str, torch.Tensor]]:
+    """A PEFT model's base weights as its base model names them, the adapters left out: what an
+    engine that serves the adapters apart (vLLM's ``LoRARequest``) loads."""
+    for name, p in model.get_base_model().named_parameters():
+        if ".lora_" not in name:
             yield name.replace(".base_layer.", "."), p.detach()

@@ -17,7 +17,9 @@ checkpoint they came from.
 - **Low-rank members**: every row of every member in one call; ``vllm_lowrank.py`` adds member
   k's ``x E_k^T`` to the tokens of member k's requests inside vLLM's fused linear layers.
 - **LoRA adapters** (a PEFT model): generation loads the merged weights W + scale B A
-  (``adapters.merged_weights``); an ES population of adapters is refused (``adapters.py``).
+  (``adapters.merged_weights``), reloaded after each update (RL). With ``lora_members`` (ES on
+  adapters) the base stays unmerged and every adapter, each member's and the plain one, is a
+  ``LoRARequest`` (``vllm_adapters.py``): one batched generation serves the whole population.
 - **No prefix caching**: cached keys and values belong to the weights that computed them, and
   the weights change between calls (and between the members of one call).
 
@@ -55,7 +57,7 @@ from trainers.engines.generation import (GenerationResult, StopStrings, check_de
 from trainers.engines.options import EngineOptions, EngineUnavailable, vllm_missing
 from trainers.engines.sampling import row_seeds
 from trainers.es.noise import fullrank
-from trainers.es.noise.members import FullRankMember, LowRankMembers, Perturbation
+from trainers.es.noise.members import AdapterMembers, FullRankMember, LowRankMembers, Perturbation
 
 #: Longest prompt + completion the engine accepts (its KV cache must hold one such row).
 MAX_MODEL_LEN = 8192
@@ -84,7 +86,9 @@ class VLLMEngine(Engine):
     finished_rows_only = True
 
     def __init__(self, model, tokenizer, options: EngineOptions | None = None, compute_dtype: torch.dtype | None = None,
-                 **llm_options):
+                 lora_members: int = 0, **llm_options):
+        """``lora_members``: a PEFT model's adapters served as ``LoRARequest``s, up to this many in one
+        call (an ES population on adapters); 0: generation with the adapters merged into the weights."""
         super().__init__(model, tokenizer)
         options = options or EngineOptions(engine="vllm")
         vllm = import_vllm()
@@ -115,6 +119,14 @@ class VLLMEngine(Engine):
             # the step's token budget (4096): a prefill is never split on CPU.
             kwargs.setdefault("enable_chunked_prefill", False)
             kwargs.setdefault("max_num_batched_tokens", self.max_model_len)
+        self.adapters = None
+        if lora_members:
+            from trainers.engines.vllm_adapters import adapter_rank, vllm_max_rank
+
+            if not hasattr(model, "peft_config"):
+                raise ValueError("lora_members: the model has no LoRA adapters")
+            kwargs.update(enable_lora=True, max_loras=lora_members, max_cpu_loras=lora_members + 1,
+                          max_lora_rank=vllm_max_rank(adapter_rank(model)))
         self.ranks = _launcher_world()
         if self.ranks > 1:  # one engine per rank, in the launcher's world (module docstring)
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
@@ -126,14 +138,28 @@ class VLLMEngine(Engine):
         _live = self
         self._sampling_params = vllm.SamplingParams
         self._tokens_prompt = vllm.inputs.TokensPrompt
+        if lora_members:
+            from trainers.engines.vllm_adapters import AdapterRequests
+
+            self.adapters = AdapterRequests(self, model)
         self.sync_weights()
 
     # ----- weights ------------------------------------------------------------------------------
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
+        if self.adapters is not None and self._base_loaded and weights is None:
+            self.adapters.changed()  # the base never changes: only the adapter's next request
+            return
         self._load(weights if weights is not None else ((name, p.detach()) for name, p in self._named_parameters()))
+        self._base_loaded = True
+
+    _base_loaded = False
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
+        if self.adapters is not None:  # adapters as requests: the base's own weights, unmerged
+            from trainers.engines.adapters import base_weights
+
+            return list(base_weights(self.model))
         if hasattr(self.model, "peft_config"):  # LoRA adapters: merged into the base's weights (engines/adapters.py)
             from trainers.engines.adapters import merged_weights
 
@@ -167,22 +193,28 @@ class VLLMEngine(Engine):
 
     @contextlib.contextmanager
     def _perturbed(self, p: Perturbation | None, rows: int):
+        """Within the block the engine generates with ``p``; yields each row's member (low-rank hooks)
+        or None, and each row's ``LoRARequest`` (adapters as requests) or None."""
         if p is None:
-            yield None
+            yield None, ([self.adapters.own()] * rows if self.adapters is not None else None)
         elif isinstance(p, FullRankMember):
             self._load(self._perturbed_weights(p))
             try:
-                yield None
+                yield None, None
             finally:
-                self.sync_weights()  # restore: the master written back, never the noise subtracted
+                self._load((name, t.detach()) for name, t in self._named_parameters())  # the master written back
         elif isinstance(p, LowRankMembers):
             from trainers.engines.vllm_lowrank import LowRankHooks
 
             per_member = p.rows_per_member(rows)
             with LowRankHooks(self, p).applied():
-                yield [k // per_member for k in range(rows)]
+                yield [k // per_member for k in range(rows)], None
+        elif isinstance(p, AdapterMembers) and self.adapters is not None:
+            with self.adapters.members(p, rows) as requests:
+                yield None, requests
         else:
-            raise TypeError(f"--engine vllm cannot evaluate {type(p).__name__} (ES on adapters: use --engine native or hf)")
+            raise TypeError(f"--engine vllm cannot evaluate {type(p).__name__} here (ES on adapters: the engine "
+                            f"needs lora_members, which trainers.es sets)")
 
     # ----- generation ----------------------------------------------------------------------------
 
@@ -197,13 +229,13 @@ class VLLMEngine(Engine):
         # it); ``result_of`` then cuts it as every engine does.
         stop = dict(stop=list(strings.strings), include_stop_str_in_output=True, detokenize=True) if strings \
             else dict(detokenize=False)
-        with self._perturbed(perturbation, len(prompts) * n) as members:
+        with self._perturbed(perturbation, len(prompts) * n) as (members, lora):
             return self._complete(prompts, n, lambda k: self._sampling_params(
                 n=1, temperature=float(temperature), top_p=float(top_p) if temperature > 0 else 1.0,
                 top_k=int(top_k) if temperature > 0 and top_k > 0 else 0, max_tokens=max_new_tokens,
                 min_tokens=min(min_new_tokens, max_new_tokens), stop_token_ids=list(self.stops), ignore_eos=True,
                 seed=seeds[k], extra_args={"member": members[k]} if members else None, **stop),
-                progress=progress, on_progress=on_progress, strings=strings)
+                progress=progress, on_progress=on_progress, strings=strings, lora_request=lora)
 
     def generate_with_adapters(self, prompts, max_new_tokens: int, adapters: Sequence, min_new_tokens: int = 0):
         """Greedy completions, row k under LoRA adapter ``adapters[k]`` (a ``LoRARequest``; the
@@ -245,6 +277,8 @@ class VLLMEngine(Engine):
             with contextlib.suppress(Exception), _launcher_group_kept(getattr(self, "ranks", 1) > 1):
                 llm.llm_engine.engine_core.shutdown()
             del llm
+        if getattr(self, "adapters", None) is not None:
+            self.adapters.close()
         if getattr(self, "_config_dir", None) is not None:
             self._config_dir.cleanup()
             self._config_dir = None

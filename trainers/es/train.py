@@ -40,6 +40,7 @@ on any number of processes, and it resumes on any number (``docs/scale-out.md``:
 from __future__ import annotations
 
 import ctypes
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -435,7 +436,9 @@ def train(cfg: ESConfig) -> Path:
     done = log.done
     model, tokenizer, params, layers = load_weights(cfg, dist, log, device)
     dist.phase = "the engine's start"
-    engine = make_engine(runtime.engine_options(cfg), model, tokenizer)  # after the replay: the current weights
+    # after the replay: the current weights; on adapters, vllm keeps a LoRA slot per member of a call
+    slots = math.ceil((cfg.population or 32) / dist.world) if cfg.lora else 0
+    engine = make_engine(runtime.engine_options(cfg), model, tokenizer, lora_members=slots)
     fit = es_fit(cfg, dist, engine, env, params, layers, train_examples, device.type)  # --preset, from a probe here
     per_iteration, per_step = iteration_size(cfg, len(train_examples))
     run.write_config(to_dict(cfg))  # the preset's values, and where each value came from

@@ -82,6 +82,23 @@ def own_layers(model: torch.nn.Module) -> list[AdapterLayer]:
     return [] if any(getattr(layer.module, "disable_adapters", False) for layer in layers) else layers
 
 
+@torch.no_grad()
+def member_factors(params: Params, layers: Sequence[AdapterLayer], seeds: Sequence[int], signs: Sequence[float],
+                   sigma: float) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Every member's factors, per layer ``A (members, R, d_in)`` and ``B (members, d_out, R)``:
+    member k's are the masters + ``signs[k] * sigma * eps(seeds[k], index)`` (fp32)."""
+    A, B = [], []
+    for i in range(len(layers)):
+        factors = []
+        for index in (2 * i, 2 * i + 1):
+            value = params.values(index).float()
+            drawn = {s: noise(value, s, index) for s in dict.fromkeys(seeds)}  # mirrored pairs: once
+            factors.append(torch.stack([value + (sign * sigma) * drawn[s] for s, sign in zip(seeds, signs)]))
+        A.append(factors[0])
+        B.append(factors[1])
+    return A, B
+
+
 class AdapterPopulation(Population):
     """Per-member adapters ready to be added to a batched forward pass (rows member-major).
 
@@ -101,16 +118,7 @@ class AdapterPopulation(Population):
     def of_members(cls, params: Params, layers: Sequence[AdapterLayer], seeds: Sequence[int], signs: Sequence[float],
                    sigma: float) -> AdapterPopulation:
         """Member k: every factor + ``signs[k] * sigma * eps(seeds[k])`` (fp32, from the masters)."""
-        A, B = [], []
-        for i, layer in enumerate(layers):
-            factors = []
-            for index in (2 * i, 2 * i + 1):
-                value = params.values(index).float()
-                drawn = {s: noise(value, s, index) for s in dict.fromkeys(seeds)}  # mirrored pairs: once
-                factors.append(torch.stack([value + (sign * sigma) * drawn[s] for s, sign in zip(seeds, signs)]))
-            A.append(factors[0])
-            B.append(factors[1])
-        return cls(layers, A, B)
+        return cls(layers, *member_factors(params, layers, seeds, signs, sigma))
 
     @classmethod
     @torch.no_grad()
