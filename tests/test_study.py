@@ -559,8 +559,9 @@ def test_the_rule_commit_is_checked_and_recorded(tmp_path, tiny_model_dir, one_t
 
 
 def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares(tmp_path):
-    """study_rg_nearzero_r3_cpu.yaml: round two's budget (512 responses, 4 seeds, the five methods, curves
-    to 4x) and step-size grids of 3 points one common factor apart, each method's middle one inside."""
+    """study_rg_nearzero_r3_cpu.yaml: round two's budget (512 responses, 4 seeds, the five methods and ES
+    and GRPO on adapters, curves to 4x) and step-size grids of 3 points one common factor apart, each
+    method's middle one inside."""
     from benchmarks.study.curves import budgets
     from benchmarks.study.verdicts import Study, grids_differ, step_sizes
     from trainers.common.config import load_yaml
@@ -568,7 +569,7 @@ def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares
     cfg = study.StudyConfig(**load_yaml(Path("benchmarks/configs/study_rg_nearzero_r3_cpu.yaml")))
     cfg.validate()
     assert (cfg.seeds, cfg.max_samples, budgets(cfg)) == (4, 512, [512, 1024, 2048]) and cfg.extend_grids >= 1
-    assert set(cfg.method_list) == set(study.DEFAULT_METHODS)
+    assert set(cfg.method_list) == set(study.DEFAULT_METHODS) | {"es_lora", "grpo_lora"}
     runs = [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed}
             for r in study_plan.plan(cfg, tmp_path)]
     grids = Study(tmp_path, {"runs": runs, "methods": {}})
