@@ -203,23 +203,29 @@ def test_first_perturbations_change_the_output(tiny_model, tiny_tokenizer):
     assert (out[0] - out[1]).abs().max() > 1e-3
 
 
+def members_alone(model, tokenizer) -> tuple[AdapterMembers, list[list[int]]]:
+    """Three members on ``model``'s adapters (a mirrored pair and one more), and each member's greedy
+    tokens on ``PROMPTS`` alone: its adapter written into the PEFT model, generated with hf."""
+    layers = adapter_layers(model)
+    members = AdapterMembers(params_of(layers), layers, [3, 3, 4], [1.0, -1.0, 1.0], 0.2)
+    reference = HFEngine(model, tokenizer)
+    alone = []
+    for seed, sign in zip(members.seeds, members.signs):
+        with HFEngine.written_into_weights(FullRankMember(members.params, seed, members.sigma, sign)):
+            alone += reference.generate(PROMPTS, max_new_tokens=8, sort=False).token_ids
+    return members, alone
+
+
 @pytest.mark.parametrize("engine_cls", [HFEngine, NativeEngine])
 def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, tiny_model, tiny_tokenizer):
     """A population call gives each member the greedy text of that member alone (the adapter written
     into the PEFT model and generated with hf), and plain generation is the PEFT model's."""
     model = with_lora(tiny_model, trained=True)
-    layers = adapter_layers(model)
-    params = params_of(layers)
-    seeds, signs, sigma = [3, 3, 4], [1.0, -1.0, 1.0], 0.2
-    reference = HFEngine(model, tiny_tokenizer)
-    alone = []
-    for seed, sign in zip(seeds, signs):
-        with HFEngine.written_into_weights(FullRankMember(params, seed, sigma, sign)):
-            alone += reference.generate(PROMPTS, max_new_tokens=8, sort=False).token_ids
+    members, alone = members_alone(model, tiny_tokenizer)
     engine = engine_cls(model, tiny_tokenizer)
-    batched = engine.generate(PROMPTS * len(seeds), max_new_tokens=8, sort=False,
-                              perturbation=AdapterMembers(params, layers, seeds, signs, sigma)).token_ids
+    batched = engine.generate(PROMPTS * len(members.seeds), max_new_tokens=8, sort=False, perturbation=members).token_ids
     assert batched == alone
+    reference = HFEngine(model, tiny_tokenizer)
     assert len({tuple(t) for t in alone}) > len(PROMPTS)  # members answer differently
     plain = engine.generate(PROMPTS, max_new_tokens=8).token_ids
     assert plain == reference.generate(PROMPTS, max_new_tokens=8).token_ids
@@ -553,20 +559,14 @@ def test_vllm_serves_an_es_population_of_adapters_as_lora_requests(tiny_tokenize
     from trainers.engines import make_engine
 
     model = with_lora(build_tiny_model(tiny_tokenizer, head_dim=32), trained=True)
-    layers = adapter_layers(model)
-    params = params_of(layers)
-    seeds, signs, sigma = [3, 3, 4], [1.0, -1.0, 1.0], 0.2
-    reference = HFEngine(model, tiny_tokenizer)
-    alone = []
-    for seed, sign in zip(seeds, signs):
-        with HFEngine.written_into_weights(FullRankMember(params, seed, sigma, sign)):
-            alone += reference.generate(PROMPTS, max_new_tokens=8, sort=False).token_ids
+    members, alone = members_alone(model, tiny_tokenizer)
+    layers, reference = members.layers, HFEngine(model, tiny_tokenizer)
     assert len({tuple(t) for t in alone}) > len(PROMPTS)  # members answer differently
-    engine = make_engine("vllm", model, tiny_tokenizer, lora_members=len(seeds))
+    engine = make_engine("vllm", model, tiny_tokenizer, lora_members=len(members.seeds))
     try:
         assert engine.generate(PROMPTS, max_new_tokens=8).token_ids == reference.generate(PROMPTS, 8).token_ids
-        batched = engine.generate(PROMPTS * len(seeds), max_new_tokens=8, sort=False,
-                                  perturbation=AdapterMembers(params, layers, seeds, signs, sigma)).token_ids
+        batched = engine.generate(PROMPTS * len(members.seeds), max_new_tokens=8, sort=False,
+                                  perturbation=members).token_ids
         assert batched == alone
         assert engine.llm.llm_engine.list_loras() <= {engine.adapters.own().lora_int_id}  # members removed
         with torch.no_grad():  # an update: the adapter moves, the base does not
