@@ -216,11 +216,12 @@ def members_alone(model, tokenizer) -> tuple[AdapterMembers, list[list[int]]]:
     return members, alone
 
 
-@pytest.mark.parametrize("engine_cls", [HFEngine, NativeEngine])
-def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, tiny_model, tiny_tokenizer):
+@pytest.mark.parametrize("engine_cls,rank", [(HFEngine, 4), (NativeEngine, 4), (NativeEngine, 8)])
+def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, rank, tiny_model, tiny_tokenizer):
     """A population call gives each member the greedy text of that member alone (the adapter written
-    into the PEFT model and generated with hf), and plain generation is the PEFT model's."""
-    model = with_lora(tiny_model, trained=True)
+    into the PEFT model and generated with hf), and plain generation is the PEFT model's. Native at
+    rank 8 takes the batched-product path (above ``ELEMENTWISE_MAX_RANK``), at 4 the elementwise one."""
+    model = with_lora(tiny_model, rank=rank, trained=True)
     members, alone = members_alone(model, tiny_tokenizer)
     engine = engine_cls(model, tiny_tokenizer)
     batched = engine.generate(PROMPTS * len(members.seeds), max_new_tokens=8, sort=False, perturbation=members).token_ids
