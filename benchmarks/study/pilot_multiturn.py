@@ -6,7 +6,7 @@ eval`` as they are, one command each, then ``python -m eval.table --table episod
 is printed before it runs and written to OUT/commands.sh; a step whose output exists is skipped,
 so a killed pilot continues where it stopped when run again.
 
-    python -m benchmarks.study.pilot_multiturn --out runs/pilot56            # the pilot: about 1.5-2 h on 2 CPU cores
+    python -m benchmarks.study.pilot_multiturn --out runs/pilot56            # the pilot: about 80 min on 2 CPU cores
     python -m benchmarks.study.pilot_multiturn --out runs/pilot56 --dry-run  # the commands only
     python -m benchmarks.study.pilot_multiturn --out /tmp/smoke --smoke --model TINY_MODEL_DIR   # seconds
 
