@@ -183,7 +183,7 @@ def test_projections_are_within_2x_of_the_time_a_unit_takes(trainer, tiny_model_
     the seconds per iteration (step) the run then logs."""
     monkeypatch.setattr(progress, "SETTLE", 0.5)  # the slowed calls are ~1 s: long enough to extrapolate
     module = loop if trainer == "grpo" else es
-    monkeypatch.setattr(module, "make_engine", lambda options, model, tokenizer, *a: SlowFinishedRowsEngine(model, tokenizer))
+    monkeypatch.setattr(module, "make_engine", lambda options, model, tokenizer, *a, **kw: SlowFinishedRowsEngine(model, tokenizer))
     run = tmp_path / "run"
     if trainer == "grpo":
         grpo.main(["--env", "toy_envs:Letter-v0", "--model", str(tiny_model_dir), "--out", str(run), "--steps", "3",
