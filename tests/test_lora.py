@@ -594,9 +594,8 @@ def test_es_on_adapters_runs_on_the_vllm_engine(tiny_tokenizer, tmp_path):
             "--eval-every", "0", "--seed", "3", "--lora-rank", "2"]
     es.main([*args, "--engine", "vllm", "--out", str(tmp_path / "vllm")])
     es.main([*args, "--engine", "hf", "--out", str(tmp_path / "hf")])
-    rewards = {name: [json.loads(line).get("reward_mean") for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
-               for name in ("vllm", "hf")}
-    rewards = {name: [r for r in values if r is not None] for name, values in rewards.items()}
+    rewards = {name: [r["reward_mean"] for r in map(json.loads, (tmp_path / name / "log.jsonl").read_text().splitlines())
+                      if "reward_mean" in r] for name in ("vllm", "hf")}
     assert len(rewards["vllm"]) == 2 and rewards["vllm"] == pytest.approx(rewards["hf"])
     assert (tmp_path / "vllm" / "final" / "adapter_model.safetensors").is_file()
 

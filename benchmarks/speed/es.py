@@ -292,20 +292,13 @@ def lora_engine(model, tokenizer, args):
 
 def write_adapter(path: Path, layers, seed: int, sign: float, sigma: float, rank: int) -> None:
     """Member ``seed`` as a PEFT LoRA adapter: lora_B @ lora_A = sign * sigma * A B^T / sqrt(R)."""
-    from safetensors.torch import save_file
+    from trainers.engines.vllm_adapters import write_lora_adapter
 
-    tensors, targets = {}, set()
+    factors = {}
     for i, layer in enumerate(layers):
         a, b = lowrank.factors(layer, i, seed, rank)
-        module = layer.name.removesuffix(".weight")
-        tensors[f"base_model.model.{module}.lora_A.weight"] = b.T.contiguous()
-        tensors[f"base_model.model.{module}.lora_B.weight"] = (sign * sigma / rank ** 0.5 * a).contiguous()
-        targets.add(module.rsplit(".", 1)[1])
-    path.mkdir(parents=True, exist_ok=True)
-    save_file(tensors, str(path / "adapter_model.safetensors"))
-    (path / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "bias": "none",
-        "target_modules": sorted(targets), "base_model_name_or_path": "base"}))
+        factors[f"base_model.model.{layer.name.removesuffix('.weight')}"] = (b.T, sign * sigma / rank ** 0.5 * a)
+    write_lora_adapter(path, factors, rank)
 
 
 def lora_population(engine, cfg, layers, batch, scorer, iteration: int, args):

@@ -25,15 +25,11 @@ def engine_refuses(engine: str, opts, es: bool = False) -> str | None:
     when it can. ``es``: an ES population of adapters."""
     if not opts.lora:
         return None
-    targets = opts.target_list
-    if engine == "native" and targets and any(t not in PROJECTIONS for t in targets):
-        other = ", ".join(t for t in targets if t not in PROJECTIONS)
-        return (f"--lora-targets {opts.lora_targets}: --engine native applies adapters to {', '.join(PROJECTIONS)} "
-                f"only, not {other}; use --engine hf")
-    if engine == "vllm" and es and targets and any(t not in PROJECTIONS for t in targets):
-        other = ", ".join(t for t in targets if t not in PROJECTIONS)
-        return (f"--lora-targets {opts.lora_targets}: ES on adapters with --engine vllm serves adapters on "
-                f"{', '.join(PROJECTIONS)} only, not {other}; use --engine hf")
+    other = ", ".join(t for t in opts.target_list or () if t not in PROJECTIONS)
+    who = {"native": "--engine native applies adapters to",
+           "vllm": "ES on adapters with --engine vllm serves adapters on" if es else None}.get(engine)
+    if who and other:
+        return f"--lora-targets {opts.lora_targets}: {who} {', '.join(PROJECTIONS)} only, not {other}; use --engine hf"
     return None
 
 

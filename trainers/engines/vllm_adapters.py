@@ -50,6 +50,23 @@ def adapter_rank(model) -> int:
     return ranks.pop()
 
 
+def write_lora_adapter(path: Path, factors: dict[str, tuple[torch.Tensor, torch.Tensor]], rank: int) -> None:
+    """A PEFT LoRA adapter at ``path`` (created) that adds ``B A x`` to each module: ``factors`` maps
+    the module's PEFT name (``base_model.model.<module>``) to ``(A (R, d_in), B (d_out, R))``, any
+    scale already in B (``lora_alpha = r``: scale 1)."""
+    from safetensors.torch import save_file
+
+    path.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, (a, b) in factors.items():
+        tensors[f"{name}.lora_A.weight"] = a.detach().float().contiguous()
+        tensors[f"{name}.lora_B.weight"] = b.detach().float().contiguous()
+    save_file(tensors, str(path / "adapter_model.safetensors"))
+    (path / "adapter_config.json").write_text(json.dumps({
+        "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": rank, "lora_alpha": rank, "bias": "none",
+        "target_modules": sorted({name.rsplit(".", 1)[1] for name in factors}), "base_model_name_or_path": "base"}))
+
+
 class AdapterRequests:
     """Writes adapters for one engine and hands out their ``LoRARequest``s."""
 
@@ -67,20 +84,10 @@ class AdapterRequests:
 
     def _write(self, A: Sequence[torch.Tensor], B: Sequence[torch.Tensor]):
         """A PEFT adapter of per-layer factors ``A[i] (R, d_in)``, ``B[i] (d_out, R)``, under a fresh id."""
-        from safetensors.torch import save_file
-
         lora_id = next(self._ids)
         path = Path(self._root.name) / str(lora_id)
-        path.mkdir()
-        tensors = {}
-        for layer, a, b in zip(self.layers, A, B):
-            tensors[f"{layer.name}.lora_A.weight"] = a.detach().float().contiguous()
-            tensors[f"{layer.name}.lora_B.weight"] = (layer.scale * b.detach().float()).contiguous()
-        save_file(tensors, str(path / "adapter_model.safetensors"))
-        (path / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "task_type": "CAUSAL_LM", "r": self.rank, "lora_alpha": self.rank, "bias": "none",
-            "target_modules": sorted({layer.name.rsplit(".", 1)[1] for layer in self.layers}),
-            "base_model_name_or_path": "base"}))
+        write_lora_adapter(path, {layer.name: (a, layer.scale * b.detach().float())
+                                  for layer, a, b in zip(self.layers, A, B)}, self.rank)
         return self._request(f"llm_envs_{lora_id}", lora_id, str(path))
 
     def _drop(self, request) -> None:

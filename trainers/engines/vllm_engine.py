@@ -121,12 +121,13 @@ class VLLMEngine(Engine):
             kwargs.setdefault("max_num_batched_tokens", self.max_model_len)
         self.adapters = None
         if lora_members:
-            from trainers.engines.vllm_adapters import adapter_rank, vllm_max_rank
+            from trainers.engines.vllm_adapters import AdapterRequests, vllm_max_rank
 
             if not hasattr(model, "peft_config"):
                 raise ValueError("lora_members: the model has no LoRA adapters")
+            self.adapters = AdapterRequests(self, model)
             kwargs.update(enable_lora=True, max_loras=lora_members, max_cpu_loras=lora_members + 1,
-                          max_lora_rank=vllm_max_rank(adapter_rank(model)))
+                          max_lora_rank=vllm_max_rank(self.adapters.rank))
         self.ranks = _launcher_world()
         if self.ranks > 1:  # one engine per rank, in the launcher's world (module docstring)
             kwargs.update(distributed_executor_backend="external_launcher", tensor_parallel_size=1)
@@ -138,22 +139,21 @@ class VLLMEngine(Engine):
         _live = self
         self._sampling_params = vllm.SamplingParams
         self._tokens_prompt = vllm.inputs.TokensPrompt
-        if lora_members:
-            from trainers.engines.vllm_adapters import AdapterRequests
-
-            self.adapters = AdapterRequests(self, model)
-        self.sync_weights()
+        self._load_model_weights()
 
     # ----- weights ------------------------------------------------------------------------------
 
     def sync_weights(self, weights: Iterable[tuple[str, torch.Tensor]] | None = None) -> None:
-        if self.adapters is not None and self._base_loaded and weights is None:
+        if weights is not None:
+            self._load(weights)
+        elif self.adapters is not None:
             self.adapters.changed()  # the base never changes: only the adapter's next request
-            return
-        self._load(weights if weights is not None else ((name, p.detach()) for name, p in self._named_parameters()))
-        self._base_loaded = True
+        else:
+            self._load_model_weights()
 
-    _base_loaded = False
+    def _load_model_weights(self) -> None:
+        """The model's weights of record into the engine (with adapters as requests: the base alone)."""
+        self._load((name, p.detach()) for name, p in self._named_parameters())
 
     def _named_parameters(self) -> list[tuple[str, torch.Tensor]]:
         if self.adapters is not None:  # adapters as requests: the base's own weights, unmerged
@@ -202,7 +202,7 @@ class VLLMEngine(Engine):
             try:
                 yield None, None
             finally:
-                self._load((name, t.detach()) for name, t in self._named_parameters())  # the master written back
+                self._load_model_weights()  # restore: the master written back, never the noise subtracted
         elif isinstance(p, LowRankMembers):
             from trainers.engines.vllm_lowrank import LowRankHooks
 
