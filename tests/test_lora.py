@@ -234,6 +234,35 @@ def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, rank, tin
     assert plain != base  # the adapters are applied, not ignored
 
 
+@pytest.mark.parametrize("members", [[2, 0, 2, 1, 2, 0], [3, 1, 1, 3], [0, 1, 2, 3]])
+def test_native_rows_by_member_give_the_per_row_products(members, tiny_model, tiny_tokenizer):
+    """The decode loop's by-member layout (rows gathered into a padded block per member, bmm over
+    members) adds what per-row products add, for rows in any order, members with unequal numbers
+    of rows, and members with none (finished) -- prefill (T > 1) and decode (T = 1)."""
+    from trainers.engines.native.rows import RowNoise
+
+    model = with_lora(tiny_model, rank=8, trained=True)
+    layers = adapter_layers(model)
+    pop = AdapterPopulation.of_members(params_of(layers), layers, [5, 5, 6, 7], [1.0, -1.0, 1.0, 1.0], 0.2)
+    decoder = NativeEngine(model, tiny_tokenizer).decoder
+    noise = RowNoise(pop, decoder.layers, torch.float32)
+    rows = torch.tensor(members)
+    gen = torch.Generator().manual_seed(0)
+    for T in (3, 1):
+        for key, g in noise.groups.items():
+            x = torch.randn(len(rows), T, g.Bt.shape[-1], generator=gen)
+            outs = {}
+            for keep in (True, False):
+                noise.select(rows, keep=keep)
+                assert (noise.by_member is not None) == (keep and len(set(members)) < len(members))
+                out = tuple(torch.zeros(len(rows), T, a.shape[-1]) for a in g.At if a is not None)
+                noise.add(*key, x, out)
+                outs[keep] = out
+            for by_member, per_row in zip(outs[True], outs[False]):
+                assert per_row.abs().sum() > 0
+                torch.testing.assert_close(by_member, per_row, rtol=1e-5, atol=1e-5)
+
+
 # ----- runs: ES and RL on adapters, killed and resumed ---------------------------------------------
 
 
@@ -607,15 +636,17 @@ def test_the_adapter_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
 
     out = tmp_path / "lora.json"
     result = subprocess.run([sys.executable, "-m", "benchmarks.memory.lora", "--model", str(tiny_model_dir),
-                             "--group-size", "4", "--max-new-tokens", "6", "--cases", "grpo_lora8", "es_lora8", "plain",
-                             "--json", str(out)], capture_output=True, text=True, timeout=900,
+                             "--group-size", "4", "--max-new-tokens", "6", "--cases", "grpo_lora8", "es_lora8", "es_lora8_per_row",
+                             "plain", "--repeats", "2", "--json", str(out)], capture_output=True, text=True, timeout=900,
                             env={**__import__("os").environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
     assert result.returncode == 0, result.stderr[-3000:]
     assert "es_lora8 batched generation speed / plain generation at the same rows" in result.stdout
+    assert "es_lora8_per_row batched generation speed" in result.stdout and "median of 2 interleaved" in result.stdout
     results = json.loads(out.read_text())["results"]
     lora = results["grpo_lora8"]
     assert 0 < lora["trainable"] < 0.2 * lora["parameters"] and lora["peak_bytes"] > 0
     assert results["plain"]["trainable"] == 0 and results["es_lora8"]["tokens"] == results["plain"]["tokens"]
+    assert len(results["es_lora8"]["repeats"]) == 2 and len(results["grpo_lora8"]["repeats"]) == 1
 
 
 def test_es_on_adapters_on_two_processes_gives_one_process_numbers(tiny_model_dir, tmp_path):

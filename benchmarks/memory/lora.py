@@ -7,6 +7,7 @@ then the population-batched generation of ES on adapters against plain generatio
     python -m benchmarks.memory.lora --model PATH --json lora.json    # any model; results also as JSON
     python -m benchmarks.memory.lora --cases grpo_full grpo_lora8     # some of the cases
     python -m benchmarks.memory.lora --grad-accum 8 --gradient-checkpointing --cases grpo_full grpo_lora8
+    python -m benchmarks.memory.lora --cases es_lora8 es_lora8_per_row plain --repeats 3   # speed ratios, interleaved
 
 Cases (each in a fresh process, as ``peak.py``: peak memory during the step above the memory in use
 before any model was loaded; on CPU the process's VmHWM, for the GRPO cases with glibc's mmap threshold
@@ -19,6 +20,8 @@ fixed, ``LIVE_MEMORY``; on CUDA ``max_memory_allocated``):
 - ``es_full``: one ES iteration with full-rank noise, the N members one after another;
 - ``es_lowrank``: one iteration with rank-1 low-rank noise, the population in one batched generation;
 - ``es_lora8``: one iteration on adapters of rank 8, the population in one batched generation;
+- ``es_lora8_per_row``: the same with the native engine's per-row products (each live row's member
+  factors gathered per row, the layout its fixed-shape path keeps) instead of its by-member ones;
 - ``plain``: one plain generation of the same N x P rows with the unperturbed model, the ceiling
   the batched ES generations are compared with (their engine seconds over its seconds).
 
@@ -32,12 +35,14 @@ both generate N x P = G x P responses per step (``--group-size``), greedy for ES
 from __future__ import annotations
 
 import json
+import re
+import statistics
 import time
 
 from benchmarks.memory.peak import batch_arguments, batch_passthrough, in_fresh_processes, rss_bytes, start_peak
 from trainers.common.config import Parser
 
-CASES = ("grpo_full", "grpo_lora8", "grpo_lora64", "es_full", "es_lowrank", "es_lora8", "plain")
+CASES = ("grpo_full", "grpo_lora8", "grpo_lora64", "es_full", "es_lowrank", "es_lora8", "es_lora8_per_row", "plain")
 
 
 def training_state_bytes(model, optimizer=None, params=None, reference=None) -> int:
@@ -91,7 +96,10 @@ def child(args) -> dict:
     import transformers.models.llama.modeling_llama  # noqa: F401
 
     base = rss_bytes() if not cuda else torch.cuda.memory_allocated()
-    rank = int(case.rsplit("lora", 1)[1]) if "lora" in case else 0
+    rank = int(re.search(r"lora(\d+)", case).group(1)) if "lora" in case else 0
+    if case.endswith("_per_row"):  # the by-member layout never chosen: every row's factors gathered per row
+        from trainers.engines.native import rows
+        rows._ByMember.of = staticmethod(lambda members, population: None)
     optimizer = params = ref = None
     start = time.perf_counter()
     if case.startswith("grpo"):
@@ -177,13 +185,29 @@ def report(results: dict[str, dict], args) -> list[str]:
                 lines.append(f"{case} peak / grpo_full peak = {results[case]['peak_bytes'] / results['grpo_full']['peak_bytes']:.2f} "
                              f"(target for rank 8: <= 0.5)")
     if "plain" in results:
-        for case in ("es_lora8", "es_lowrank"):
+        for case in ("es_lora8", "es_lora8_per_row", "es_lowrank"):
             if case in results:
-                speed = (results["plain"]["generate_seconds"] / results[case]["generate_seconds"]) * \
-                        (results[case]["tokens"] / max(1, results["plain"]["tokens"]))
-                lines.append(f"{case} batched generation speed / plain generation at the same rows = {speed:.2f} "
-                             f"(tokens/s over tokens/s; target for es_lora8: >= 0.85)")
+                each = [speed_ratio(r, p) for r, p in zip(results[case]["repeats"], results["plain"]["repeats"])]
+                lines.append(f"{case} batched generation speed / plain generation at the same rows = "
+                             f"{statistics.median(each):.2f} (tokens/s over tokens/s; target for es_lora8: >= 0.85)"
+                             + (f"; median of {len(each)} interleaved repeats: {', '.join(f'{x:.2f}' for x in each)}"
+                                if len(each) > 1 else ""))
     return lines
+
+
+def speed_ratio(case: dict, plain: dict) -> float:
+    """A batched ES generation's tokens/s over plain generation's, at the same rows."""
+    return (plain["generate_seconds"] / case["generate_seconds"]) * (case["tokens"] / max(1, plain["tokens"]))
+
+
+def medians(rounds: list[dict[str, dict]]) -> dict[str, dict]:
+    """Each case's result with its times the median over ``rounds`` (and every round's under ``repeats``)."""
+    out = {}
+    for case in rounds[0]:
+        each = [r[case] for r in rounds]
+        out[case] = {**each[0], **{k: statistics.median(x[k] for x in each) for k in ("step_seconds", "generate_seconds")},
+                     "peak_bytes": max(x["peak_bytes"] for x in each), "repeats": each}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -197,6 +221,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gradient-checkpointing", action="store_true",
                         help="GRPO recomputes its activations in the backward pass (every GRPO case alike)")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which cases (default: all)")
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="run the ES and plain cases this many times, interleaved (times: medians; the speed "
+                             "ratios of each repeat printed): one run moves the ratios by ~0.1 on a 2-core CPU")
     args = parser.parse_args(argv)
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -206,8 +233,12 @@ def main(argv: list[str] | None = None) -> None:
     # GRPO's question is memory: its cases run with LIVE_MEMORY; ES's is speed, and mmap-served
     # allocations (a page fault per fresh page) would slow generation: the default allocator
     grpo = [c for c in args.cases if c.startswith("grpo")]
-    measured = {**in_fresh_processes("benchmarks.memory.lora", passthrough, grpo, LIVE_MEMORY),
-                **in_fresh_processes("benchmarks.memory.lora", passthrough, [c for c in args.cases if c not in grpo])}
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    rest = [c for c in args.cases if c not in grpo]
+    rounds = [in_fresh_processes("benchmarks.memory.lora", passthrough, rest) for _ in range(args.repeats)]
+    measured = {**medians([in_fresh_processes("benchmarks.memory.lora", passthrough, grpo, LIVE_MEMORY)]),
+                **(medians(rounds) if rest else {})}
     results = {case: measured[case] for case in args.cases}
     print("\n".join(report(results, args)))
     if args.json:

@@ -9,9 +9,15 @@ o, gate/up, down) and every live row gets its own member's correction
     out_j += (x B_group)[:, cols_j] A_j^T        (sign and sigma / sqrt(R) folded into A_j)
 
 The factors of a group's projections are concatenated, so ``x B_group`` is one batched product
-for the whole group. Rows leave the batch as they finish, so rows are not grouped by member:
-``select`` names each live row's member, the factors are gathered per row at each product, and
-the products are batched over rows.
+for the whole group. ``select`` names each live row's member. Rows leave the batch as they finish,
+so a member's rows are neither contiguous nor equal in number; two layouts serve that:
+
+- **by member** (``_ByMember``, the decode loop's, when some member has several live rows and the
+  rank is above ``ELEMENTWISE_MAX_RANK``, whose rank-1 sums stay per row): the
+  rows are gathered into a padded ``(members, rows per member)`` block, the products are ``bmm``
+  over members, and each member's factors are read once per product however many rows it has;
+- **per row** (one row per member, and the fixed-shape path, whose shapes cannot depend on how
+  the rows fall): each row's factors are gathered and the products are batched over rows.
 
 LoRA adapters are the same computation (``trainers/es/noise/adapters.py``): an adapter adds
 ``scale (x A^T) B^T``, so ``AdapterPopulation`` holds ``A^T`` where ``Population`` holds B and
@@ -38,6 +44,35 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 #: The projections of a decoder layer, by the input they share.
 GROUPS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "o": ("self_attn.o_proj",),
           "gate_up": ("mlp.gate_proj", "mlp.up_proj"), "down": ("mlp.down_proj",)}
+
+
+@dataclass
+class _ByMember:
+    """The live rows laid out by member: ``padded (members * per,)`` the row at each place of the
+    block (places beyond a member's rows repeat row 0, computed and never read), ``place (rows,)``
+    each row's place in it, ``present (members,)`` the members with live rows (None: all, in order)."""
+    present: torch.Tensor | None
+    padded: torch.Tensor
+    place: torch.Tensor
+    per: int
+
+    @staticmethod
+    def of(members: torch.Tensor, population: int) -> _ByMember | None:
+        """The layout of ``members`` (each live row's member), or None when no member has two rows
+        (then per-row products read no more factors than these would)."""
+        present, inverse, counts = torch.unique(members, return_inverse=True, return_counts=True)
+        per = int(counts.max())
+        if per < 2:
+            return None
+        order = torch.argsort(inverse, stable=True)  # the rows, member by member
+        first = torch.cumsum(counts, 0) - counts  # each member's first place among the sorted rows
+        sorted_member = inverse[order]
+        place = torch.empty_like(order)
+        place[order] = sorted_member * per + torch.arange(len(order), device=order.device) - first[sorted_member]
+        padded = torch.zeros(len(present) * per, dtype=torch.long, device=order.device)
+        padded[place] = torch.arange(len(order), device=order.device)
+        everyone = len(present) == population  # present is then 0..population-1: the factors as held
+        return _ByMember(None if everyone else present, padded, place, per)
 
 
 @dataclass
@@ -68,6 +103,8 @@ class RowNoise:
                              "projections of the decoder's layers; use --engine hf")
         self.members = torch.zeros(0, dtype=torch.long)
         self.kept: dict[tuple[int, str], tuple[torch.Tensor, list[torch.Tensor | None]]] | None = None
+        self.by_member: _ByMember | None = None
+        self.population = next(iter(self.groups.values())).Bt.shape[0] if self.groups else 0
         self.row_bytes = sum((g.Bt[0].numel() + sum(a[0].numel() for a in g.At if a is not None)) * g.Bt.element_size()
                              for g in self.groups.values())  # one row's factors over every layer
 
@@ -90,12 +127,15 @@ class RowNoise:
 
     def select(self, members: torch.Tensor, keep: bool = False) -> None:
         """The live rows are now of members ``members`` (one index per row, in slot order).
-        ``keep``: gather each live row's factors once and keep them until the next ``select`` (the
-        decode steps between two changes of the live rows reuse them) when they fit in
-        ``KEEP_BYTES``; else, and always in a captured CUDA graph's fixed-shape path, ``add``
-        gathers them at every product."""
+        ``keep`` (the decode loop's, not a captured CUDA graph's): lay the rows out by member when
+        some member has several; else gather each live row's factors once and keep them until the
+        next ``select`` (the decode steps between two changes of the live rows reuse them) when they
+        fit in ``KEEP_BYTES``. Without ``keep``, ``add`` gathers each row's factors at every product."""
         self.members = members
-        self.kept = {} if keep and len(members) * self.row_bytes <= KEEP_BYTES else None
+        multi = self.population > 1 and next(iter(self.groups.values())).rank > ELEMENTWISE_MAX_RANK
+        self.by_member = _ByMember.of(members, self.population) if keep and multi and len(members) else None
+        self.kept = {} if keep and (self.by_member is not None or len(members) * self.row_bytes <= KEEP_BYTES) \
+            else None
 
     def add(self, layer: int, group: str, x: torch.Tensor, outs: tuple[torch.Tensor, ...]) -> None:
         """Add each row's member correction to ``outs (rows, T, d_out)`` in place; their input is
@@ -112,6 +152,8 @@ class RowNoise:
                     out.add_((xb[:, col:col + g.rank] @ a[0]).view(out.shape))
                     col += g.rank
             return
+        if self.by_member is not None:
+            return self._add_by_member((layer, group), g, x, outs)
         Bt, At = self.rows_of((layer, group), g)
         xb = torch.bmm(Bt, x.to(Bt.dtype).transpose(1, 2))  # (rows, g * R, T): this layout was the fastest on CPU
         col, r = 0, g.rank
@@ -134,3 +176,26 @@ class RowNoise:
         if self.kept is not None:
             self.kept[key] = rows
         return rows
+
+    def _add_by_member(self, key: tuple[int, str], g: _Group, x: torch.Tensor, outs: tuple[torch.Tensor, ...]) -> None:
+        """``add`` with the rows in the ``_ByMember`` block: two ``bmm`` over members per projection,
+        each member's factors read once for all of its rows."""
+        lay = self.by_member
+        if lay.present is None:
+            Bt, At = g.Bt, g.At
+        elif key in self.kept:
+            Bt, At = self.kept[key]
+        else:  # some members have finished: their factors stay out of the products
+            Bt, At = g.Bt.index_select(0, lay.present), [None if a is None else a.index_select(0, lay.present)
+                                                          for a in g.At]
+            self.kept[key] = Bt, At
+        rows, T = x.shape[:2]
+        block = x.to(Bt.dtype).index_select(0, lay.padded).view(Bt.shape[0], lay.per * T, -1)
+        xb = torch.bmm(block, Bt.transpose(1, 2))  # (members, per * T, g * R)
+        col = 0
+        for out, a in zip(outs, At):
+            if a is None:
+                continue
+            delta = torch.bmm(xb[:, :, col:col + g.rank], a)  # (members, per * T, d_out)
+            out.add_(delta.view(-1, T, a.shape[-1]).index_select(0, lay.place).to(out.dtype))
+            col += g.rank
