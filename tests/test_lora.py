@@ -234,11 +234,13 @@ def test_engines_generate_each_members_adapter_on_its_rows(engine_cls, rank, tin
     assert plain != base  # the adapters are applied, not ignored
 
 
-@pytest.mark.parametrize("members", [[2, 0, 2, 1, 2, 0], [3, 1, 1, 3], [0, 1, 2, 3]])
+@pytest.mark.parametrize("members", [[2, 0, 2, 1, 2, 0], [3, 1, 1, 3], [0, 1, 2, 3], [0, 0, 1, 1, 2, 2, 3, 3],
+                                     [1, 1, 0, 0, 3, 3, 2, 2], [0, 0, 1, 1, 2, 2, 3]])
 def test_native_rows_by_member_give_the_per_row_products(members, tiny_model, tiny_tokenizer):
     """The decode loop's by-member layout (rows gathered into a padded block per member, bmm over
     members) adds what per-row products add, for rows in any order, members with unequal numbers
-    of rows, and members with none (finished) -- prefill (T > 1) and decode (T = 1)."""
+    of rows, and members with none (finished), or rows already member by member (viewed in place) --
+    prefill (T > 1) and decode (T = 1)."""
     from trainers.engines.native.rows import RowNoise
 
     model = with_lora(tiny_model, rank=8, trained=True)
@@ -255,6 +257,8 @@ def test_native_rows_by_member_give_the_per_row_products(members, tiny_model, ti
             for keep in (True, False):
                 noise.select(rows, keep=keep)
                 assert (noise.by_member is not None) == (keep and len(set(members)) < len(members))
+                if keep and noise.by_member is not None:  # rows already member by member: views, no copies
+                    assert noise.by_member.in_place == (members == sorted(members) and len(members) == 8)
                 out = tuple(torch.zeros(len(rows), T, a.shape[-1]) for a in g.At if a is not None)
                 noise.add(*key, x, out)
                 outs[keep] = out
@@ -647,6 +651,20 @@ def test_the_adapter_benchmark_runs_on_a_tiny_model(tiny_model_dir, tmp_path):
     assert 0 < lora["trainable"] < 0.2 * lora["parameters"] and lora["peak_bytes"] > 0
     assert results["plain"]["trainable"] == 0 and results["es_lora8"]["tokens"] == results["plain"]["tokens"]
     assert len(results["es_lora8"]["repeats"]) == 2 and len(results["grpo_lora8"]["repeats"]) == 1
+
+
+def test_the_adapter_speed_benchmark_runs_on_a_tiny_model(tiny_model_dir, capsys):
+    """``benchmarks.speed.es_adapters`` end to end on a tiny model: every case decodes the same tokens,
+    and a ratio per round is printed (a smoke run, not a measurement)."""
+    from benchmarks.speed import es_adapters
+
+    es_adapters.main(["--model", str(tiny_model_dir), "--population", "4", "--prompts", "2", "--rounds", "2",
+                      "--max-new-tokens", "4"])
+    out = capsys.readouterr().out
+    assert "round 2: plain" in out and "per_row" in out
+    assert "population median" in out and "speed / plain generation =" in out and "per round" in out
+    from trainers.engines.native import rows
+    assert rows._ByMember.of.__name__ == "of"  # the per-row case put the layout back
 
 
 def test_es_on_adapters_on_two_processes_gives_one_process_numbers(tiny_model_dir, tmp_path):

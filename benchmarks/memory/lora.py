@@ -124,7 +124,7 @@ def child(args) -> dict:
         model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
         model = es.with_adapters(model, cfg)
         params, layers = es.perturbable(model, cfg)
-        engine = make_engine(args.engine, model, tokenizer)
+        engine = make_engine(args.engine, model, tokenizer, lora_members=cfg.population if rank else 0)
         trainable = 0 if case == "plain" else params.numel()
     setup_seconds = time.perf_counter() - start
     generated = {"seconds": 0.0}

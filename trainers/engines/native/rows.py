@@ -13,9 +13,11 @@ for the whole group. ``select`` names each live row's member. Rows leave the bat
 so a member's rows are neither contiguous nor equal in number; two layouts serve that:
 
 - **by member** (``_ByMember``, the decode loop's, when some member has several live rows and the
-  rank is above ``ELEMENTWISE_MAX_RANK``, whose rank-1 sums stay per row): the
-  rows are gathered into a padded ``(members, rows per member)`` block, the products are ``bmm``
-  over members, and each member's factors are read once per product however many rows it has;
+  rank is above ``ELEMENTWISE_MAX_RANK``, whose rank-1 sums stay per row): the rows are gathered
+  into a padded ``(members, rows per member)`` block, the products are ``bmm`` over members, and
+  each member's factors are read once per product however many rows it has. The engine puts a
+  wave's rows member by member, so until a row leaves, the block is the rows themselves (viewed,
+  and the second product added in place with ``baddbmm_``: no copies);
 - **per row** (one row per member, and the fixed-shape path, whose shapes cannot depend on how
   the rows fall): each row's factors are gathered and the products are batched over rows.
 
@@ -50,11 +52,14 @@ GROUPS = {"qkv": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"), "
 class _ByMember:
     """The live rows laid out by member: ``padded (members * per,)`` the row at each place of the
     block (places beyond a member's rows repeat row 0, computed and never read), ``place (rows,)``
-    each row's place in it, ``present (members,)`` the members with live rows (None: all, in order)."""
+    each row's place in it, ``present (members,)`` the members with live rows (None: all, in order);
+    ``in_place``: the rows already are that block (every member present with ``per`` rows, member by
+    member: a wave's rows before any leaves), so inputs and outputs are viewed, not copied."""
     present: torch.Tensor | None
     padded: torch.Tensor
     place: torch.Tensor
     per: int
+    in_place: bool = False
 
     @staticmethod
     def of(members: torch.Tensor, population: int) -> _ByMember | None:
@@ -72,7 +77,8 @@ class _ByMember:
         padded = torch.zeros(len(present) * per, dtype=torch.long, device=order.device)
         padded[place] = torch.arange(len(order), device=order.device)
         everyone = len(present) == population  # present is then 0..population-1: the factors as held
-        return _ByMember(None if everyone else present, padded, place, per)
+        in_place = everyone and len(place) == len(padded) and bool((place == torch.arange(len(place), device=place.device)).all())
+        return _ByMember(None if everyone else present, padded, place, per, in_place)
 
 
 @dataclass
@@ -189,13 +195,18 @@ class RowNoise:
             Bt, At = g.Bt.index_select(0, lay.present), [None if a is None else a.index_select(0, lay.present)
                                                           for a in g.At]
             self.kept[key] = Bt, At
-        rows, T = x.shape[:2]
-        block = x.to(Bt.dtype).index_select(0, lay.padded).view(Bt.shape[0], lay.per * T, -1)
+        members, T = Bt.shape[0], x.shape[1]
+        x = x.to(Bt.dtype)
+        block = x.reshape(members, lay.per * T, -1) if lay.in_place else \
+            x.index_select(0, lay.padded).view(members, lay.per * T, -1)
         xb = torch.bmm(block, Bt.transpose(1, 2))  # (members, per * T, g * R)
         col = 0
         for out, a in zip(outs, At):
             if a is None:
                 continue
-            delta = torch.bmm(xb[:, :, col:col + g.rank], a)  # (members, per * T, d_out)
-            out.add_(delta.view(-1, T, a.shape[-1]).index_select(0, lay.place).to(out.dtype))
+            if lay.in_place and out.is_contiguous() and out.dtype == a.dtype:
+                out.view(members, lay.per * T, -1).baddbmm_(xb[:, :, col:col + g.rank], a)
+            else:
+                delta = torch.bmm(xb[:, :, col:col + g.rank], a)  # (members, per * T, d_out)
+                out.add_(delta.view(-1, T, a.shape[-1]).index_select(0, lay.place).to(out.dtype))
             col += g.rank
