@@ -124,6 +124,43 @@ def test_a_pace_scales_with_rows_and_tokens():
     assert PACE.forward(400) == pytest.approx(2.0)  # the probe's 4 x 100 prompt tokens took 2 s
 
 
+class SlowPromptEngine:
+    """A stand-in engine: the first calls' prompt pass takes 0.4 s, later ones 0.05 s (the noise of a
+    long prompt's pass), and every further token 0.02 s; ``per_token``: it reports after each token
+    (hf, native), else only when the call's rows finish (vLLM)."""
+
+    def __init__(self, per_token: bool):
+        self.per_token, self.calls, self.tokenizer = per_token, 0, None
+
+    def generate(self, prompts, max_new_tokens, on_progress=None, **kwargs):
+        import time
+
+        self.calls += 1
+        time.sleep(0.4 if self.calls <= 2 else 0.05)  # the prompt pass, with its first token
+        for token in range(1, max_new_tokens + 1):
+            if token > 1:
+                time.sleep(0.02)
+            if on_progress is not None and self.per_token:
+                on_progress(len(prompts) * token / max_new_tokens, len(prompts), 0.0)
+        if on_progress is not None:
+            on_progress(len(prompts), len(prompts), 0.0)
+
+
+@pytest.mark.parametrize("per_token", [True, False])
+def test_the_probe_times_tokens_apart_from_the_prompt_pass(per_token, monkeypatch):
+    """A further token's time comes from the progress reports between the first token and the last,
+    so a prompt pass that ran faster in the second call does not make tokens free (ARC-AGI-v0's long
+    prompts read 0 ms per token before); an engine without per-token reports falls back to the
+    difference of the two calls, which reads 0 here."""
+    monkeypatch.setattr("trainers.engines.generation.encode_prompts", lambda tokenizer, batch: [[0] * 10 for _ in batch])
+    pace = sizing.probe_pace(SlowPromptEngine(per_token), ["p"], "cpu", rows=2)
+    if per_token:
+        assert 0.015 <= pace.step_seconds <= 0.1
+    else:
+        assert pace.step_seconds == 0.0
+    assert pace.prompt_seconds >= 0.4 and pace.prompt_tokens == 10
+
+
 def run_args(model_dir, out, *extra):
     return ["--env", "Conciseness-v0", "--model", str(model_dir), "--out", str(out), "--max-new-tokens", "4",
             "--eval-limit", "2", "--seed", "1", *extra]

@@ -8,8 +8,9 @@ rows, interleaved in one process (issue 57's target: >= 0.85x plain generation's
 One engine serves every case but plain (a second copy of the base model without adapters). A round
 times each case once, in turn, so that a drift of the machine's speed (a 2-core VM's moves a single
 run's ratio by ~0.1) touches every case alike; the ratios are each round's case over the same
-round's plain generation, and their median is the result. Every row generates exactly ``--max-new-tokens`` tokens (stop tokens are suppressed until
-then), so the cases decode the same tokens. Cases:
+round's plain generation, and their median is the result. Every row generates exactly
+``--max-new-tokens`` tokens (stop tokens are suppressed until then), so the cases decode the same
+tokens, and no row leaves the batch early (in training, rows stop at their stop token). Cases:
 
 - ``plain``: the base model without adapters (vllm: the same engine, no ``LoRARequest``);
 - ``population``: the population of N members on rank-R adapters in one call, N x P rows (native:
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> None:
     cases = {"plain": None, "population": adapters}
     engines = {case: engine for case in cases}
     if args.engine != "vllm":  # plain: the model without adapters (vllm's call without a LoRARequest is that)
-        engines["plain"] = make_engine(args.engine, load_model(args.model, device=device, dtype=args.dtype)[0], tokenizer)
+        base, _ = load_model(args.model, device=device, dtype=args.dtype)
+        engines["plain"] = make_engine(args.engine, base, tokenizer)
     if args.engine == "native":
         cases["per_row"] = adapters
 

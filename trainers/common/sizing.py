@@ -88,7 +88,10 @@ class Pace:
 def probe_pace(engine, prompts: Sequence[Any], device: str, rows: int, temperature: float = 0.0,
           perturbation=None, member=None) -> Pace:
     """Time ``engine`` on ``rows`` rows of ``prompts`` (cycled): a warm-up call, then the prompt pass
-    (one token) and ``PROBE_TOKENS`` more (their difference is the per-token step), under
+    (one token) and a call of ``PROBE_TOKENS`` more, whose per-token step is timed between its first
+    and last token's progress reports (hf, native; an engine that reports finished rows only, as
+    vLLM, gives the two calls' difference instead: with long prompts, the prompt pass's own noise
+    can swamp a few tokens' time, and ARC-AGI-v0's 2,700-token prompts read 0 ms per token so), under
     ``perturbation`` when given (ES's low-rank rows); ``member`` (a full-rank ES member) is timed as a
     one-token call under it, less the plain one: its noise work. Sampled probes are seeded, greedy
     ones deterministic, and a member's weights are restored bit for bit: the run's numbers do not
@@ -98,16 +101,22 @@ def probe_pace(engine, prompts: Sequence[Any], device: str, rows: int, temperatu
     batch = [prompts[i % len(prompts)] for i in range(rows)]
     seed = 0 if temperature > 0 else None
 
-    def timed(n: int, new: int, under=None) -> float:
+    def timed(n: int, new: int, under=None, marks: list[float] | None = None) -> float:
         start = time.perf_counter()
+        report = None if marks is None else (lambda *_: marks.append(time.perf_counter()))
         engine.generate(batch[:n], max_new_tokens=new, min_new_tokens=new, batch_size=n, temperature=temperature,
-                        seed=seed, perturbation=under)
+                        seed=seed, perturbation=under, on_progress=report)
         return time.perf_counter() - start
 
     began = time.perf_counter()
     timed(1, 1)  # the first call's one-time costs (kernels, caches) are not the run's
     first = timed(rows, 1, perturbation)
-    step = max(0.0, (timed(rows, 1 + PROBE_TOKENS, perturbation) - first) / PROBE_TOKENS)
+    marks: list[float] = []
+    whole = timed(rows, 1 + PROBE_TOKENS, perturbation, marks)
+    if len(marks) > PROBE_TOKENS:  # a report after each token: the decode steps alone, no prompt pass in them
+        step = (marks[PROBE_TOKENS] - marks[0]) / PROBE_TOKENS
+    else:
+        step = max(0.0, (whole - first) / PROBE_TOKENS)
     noise = max(0.0, timed(rows, 1, member) - first) if member is not None else 0.0
     tokens = sum(len(ids) for ids in encode_prompts(engine.tokenizer, batch)) / rows
     return Pace(device, rows, tokens, first, step, noise, time.perf_counter() - began)

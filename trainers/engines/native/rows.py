@@ -73,11 +73,12 @@ class _ByMember:
         first = torch.cumsum(counts, 0) - counts  # each member's first place among the sorted rows
         sorted_member = inverse[order]
         place = torch.empty_like(order)
-        place[order] = sorted_member * per + torch.arange(len(order), device=order.device) - first[sorted_member]
+        rows = torch.arange(len(order), device=order.device)
+        place[order] = sorted_member * per + rows - first[sorted_member]
         padded = torch.zeros(len(present) * per, dtype=torch.long, device=order.device)
-        padded[place] = torch.arange(len(order), device=order.device)
+        padded[place] = rows
         everyone = len(present) == population  # present is then 0..population-1: the factors as held
-        in_place = everyone and len(place) == len(padded) and bool((place == torch.arange(len(place), device=place.device)).all())
+        in_place = everyone and len(place) == len(padded) and bool((place == rows).all())
         return _ByMember(None if everyone else present, padded, place, per, in_place)
 
 
