@@ -229,6 +229,16 @@ def test_unperturbed_greedy_completions_equal_hf(vllm_tiny, tiny_tokenizer):
 
 
 @needs_vllm
+def test_vllm_reports_progress_without_a_bar(vllm_tiny):
+    """``on_progress`` alone (no bar shown: the sizing probe's and the projections' case) is told as each
+    row finishes, and vLLM's own speed figures, which divide by the bar's elapsed time, do not fail."""
+    _, engine = vllm_tiny
+    reports = []
+    engine.generate(PROMPTS, 4, min_new_tokens=4, progress=False, on_progress=lambda *a: reports.append(a))
+    assert reports and reports[-1][:2] == (len(PROMPTS), len(PROMPTS))
+
+
+@needs_vllm
 def test_a_full_rank_member_equals_hf_and_the_engine_is_restored_bit_for_bit(vllm_tiny, tiny_tokenizer, monkeypatch):
     """What the engine loads: master + sigma * eps in the HF layout, fused (q/k/v, gate/up) the
     way vLLM fuses them; then the master again, bit for bit. On CPU vLLM repacks each linear

@@ -288,6 +288,16 @@ class VLLMEngine(Engine):
 VLLM_ROWS_BAR = "Processed prompts"
 
 
+class _Nowhere:
+    """A file that drops what is written to it."""
+
+    def write(self, text: str) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+
 def _progress_bar(progress: bool | str, on_progress):
     """What vLLM's ``use_tqdm`` takes: False, or a factory of bars. vLLM opens one over the
     requests, updated as each one *finishes* (``VLLM_ROWS_BAR``): it becomes our rows bar (written
@@ -301,7 +311,8 @@ def _progress_bar(progress: bool | str, on_progress):
     def make(iterable=None, *args, desc: str = "", **kwargs):
         if desc != VLLM_ROWS_BAR:
             return tqdm(iterable, disable=True)
-        rows = rows_bar(kwargs["total"], progress) or tqdm(total=kwargs["total"], disable=True)
+        # silent, but not disabled: vLLM divides by the bar's elapsed time, which a disabled tqdm reports as 0
+        rows = rows_bar(kwargs["total"], progress) or tqdm(total=kwargs["total"], file=_Nowhere())
         start, update = time.perf_counter(), rows.update
 
         def counted(n=1):
