@@ -34,6 +34,7 @@ both generate N x P = G x P responses per step (``--group-size``), greedy for ES
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -97,9 +98,10 @@ def child(args) -> dict:
 
     base = rss_bytes() if not cuda else torch.cuda.memory_allocated()
     rank = int(re.search(r"lora(\d+)", case).group(1)) if "lora" in case else 0
-    if case.endswith("_per_row"):  # the by-member layout never chosen: every row's factors gathered per row
-        from trainers.engines.native import rows
-        rows._ByMember.of = staticmethod(lambda members, population: None)
+    if case.endswith("_per_row"):  # for the rest of this process, which measures this case alone
+        from benchmarks.speed.es_adapters import per_row_layout
+
+        contextlib.ExitStack().enter_context(per_row_layout())
     optimizer = params = ref = None
     start = time.perf_counter()
     if case.startswith("grpo"):
