@@ -81,19 +81,17 @@ def main(argv: list[str] | None = None) -> None:
     signs = [1.0, -1.0] * half
     adapters = AdapterMembers(params, layers, seeds, signs, cfg.sigma)
     rows = [p for _ in range(args.population) for p in prompts]
-    cases = {"plain": None, "population": adapters}
+    cases = {"plain": None, "population": adapters, **({"per_row": adapters} if args.engine == "native" else {})}
     engines = {case: engine for case in cases}
     if args.engine != "vllm":  # plain: the model without adapters (vllm's call without a LoRARequest is that)
         base, _ = load_model(args.model, device=device, dtype=args.dtype)
         engines["plain"] = make_engine(args.engine, base, tokenizer)
-    if args.engine == "native":
-        cases["per_row"] = adapters
 
     def once(case: str) -> tuple[float, int]:
         with per_row_layout() if case == "per_row" else contextlib.nullcontext():
             start = time.perf_counter()
-            out = engines.get(case, engine).generate(rows, args.max_new_tokens, batch_size=len(rows), sort=False,
-                                  min_new_tokens=args.max_new_tokens, perturbation=cases[case])
+            out = engines[case].generate(rows, args.max_new_tokens, batch_size=len(rows), sort=False,
+                                         min_new_tokens=args.max_new_tokens, perturbation=cases[case])
             return time.perf_counter() - start, sum(out.num_tokens)
 
     print(f"{machine_line(device)}; model {args.model}, engine "

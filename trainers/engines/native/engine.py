@@ -78,7 +78,8 @@ class NativeEngine(ModelWeightsEngine):
         order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
         waves = [order[k:k + cap] for k in range(0, len(order), cap)]
         if members is not None:  # a wave's rows member by member (its padding is the same in any order): the
-            waves = [sorted(w, key=lambda k: int(members[k])) for w in waves]  # by-member products view them
+            member_of = members.tolist()  # by-member products view them in place
+            waves = [sorted(w, key=member_of.__getitem__) for w in waves]
         sampler = Sampler(float(temperature), float(top_p), int(top_k))
         # One random stream per row, so a row's sample never depends on the wave it lands in.
         uniforms = row_uniforms(row_seeds(seed, len(rows)), max_new_tokens, len(rows), self.device) \
