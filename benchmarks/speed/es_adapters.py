@@ -22,7 +22,6 @@ tokens, and no row leaves the batch early (in training, rows stop at their stop 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import statistics
 import time
@@ -42,7 +41,9 @@ def per_row_layout():
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    from trainers.common.cli import Parser
+
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--env", default="Countdown-v0", help="env whose train prompts the rows take")
     parser.add_argument("--engine", default="native", choices=("native", "hf", "vllm"))
