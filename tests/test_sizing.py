@@ -209,7 +209,8 @@ def test_the_probe_leaves_the_runs_numbers_as_they_were(engine, tiny_model_dir, 
 
 
 def test_the_presets_benchmark_puts_the_estimate_beside_the_measured_time(tiny_model_dir, tmp_path):
-    """``benchmarks.speed.presets`` on the tiny model: one ES iteration of a toy env's CPU preset."""
+    """``benchmarks.speed.presets`` on the tiny model: one ES iteration of a toy env's CPU preset, with
+    ``--env-args`` passed on to the trainer."""
     import os
     import subprocess
     import sys
@@ -218,12 +219,15 @@ def test_the_presets_benchmark_puts_the_estimate_beside_the_measured_time(tiny_m
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), str(root / "tests")])}
     done = subprocess.run([sys.executable, "-m", "benchmarks.speed.presets", "--envs", "toy_envs:Letter-v0",
-                           "--model", str(tiny_model_dir), "--iterations", "1", "--out", str(tmp_path / "p")],
+                           "--model", str(tiny_model_dir), "--iterations", "1", "--out", str(tmp_path / "p"),
+                           "--env-args", '{"train_size": 6}'],
                           capture_output=True, text=True, timeout=600, env=env, cwd=root)
     assert done.returncode == 0, done.stderr[-3000:]
     [result] = json.loads((tmp_path / "p" / "presets.json").read_text())["results"]
     assert result["units"] == 1 and result["seconds_per_unit"] > 0 and result["estimated_per_unit"]
     assert "the CPU preset" in result["estimate"] and "(--preset cpu)" in result["estimate"]
+    config = yaml.safe_load((Path(result["run"]) / "config.yaml").read_text())
+    assert json.loads(config["env_args"]) == {"train_size": 6} and config["sources"]["env_args"] == "flag"
     row = (tmp_path / "p" / "presets.md").read_text().splitlines()[-1]
     assert row.startswith(f"| es | toy_envs:Letter-v0 | {result['estimated_per_unit']} | ")
 

@@ -10,7 +10,9 @@ Each run is ``python -m trainers.TRAINER --env ENV --preset cpu`` in its own pro
 OUT/TRAINER-ENV.log), the preset's whole short run unless ``--iterations`` caps it (then the reward
 columns say little). A finished run is not redone when the command runs again. Written: OUT/presets.md
 (the table docs/es.md takes) and OUT/presets.json. The first line printed and the table's header name
-this machine. MATH-v0 needs its data (``LLM_ENVS_MATH_DIR``); a run that fails is reported as such.
+this machine. MATH-v0 needs its data (``LLM_ENVS_MATH_DIR`` for its test split; its train split comes from
+the hub, or from a file given with ``--env-args '{"data": {"train": "PATH"}}'``); a run that fails is reported
+as such.
 """
 
 from __future__ import annotations
@@ -77,6 +79,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--trainers", default="es", help="comma-separated: es, grpo, ppo")
     parser.add_argument("--iterations", type=int, help="cap every run at this many iterations (steps)")
     parser.add_argument("--model", help="another model than the default (a smoke run on a tiny one)")
+    parser.add_argument("--env-args", help="JSON options for every env (e.g. MATH-v0's data files), passed as "
+                                           "the trainers' --env-args")
     parser.add_argument("--out", default="runs/presets", help="where the runs and the table go")
     args = parser.parse_args(argv)
     trainers = [t.strip() for t in args.trainers.split(",") if t.strip()]
@@ -93,6 +97,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
             run, log_file = out / name, out / f"{name}.log"
             cmd = [sys.executable, "-m", f"trainers.{trainer}", "--env", env, "--preset", "cpu", "--out", str(run),
                    *(["--model", args.model] if args.model else []),
+                   *(["--env-args", args.env_args] if args.env_args else []),
                    *([f"--{UNIT[trainer]}", str(args.iterations)] if args.iterations else [])]
             start = time.perf_counter()
             if not (run / "final").is_dir():
