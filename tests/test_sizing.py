@@ -116,6 +116,15 @@ def test_an_rl_step_costs_its_sampling_and_its_update():
     assert rl_presets.update_passes(cfg) == 3 + 1 + 1 + 3  # policy, reference, critic's values and training
     assert rl_presets.update_passes(shared) == 6 + 1 + 1 + 1  # two epochs, reference, old log-probs, values
     assert rl_presets.update_passes(grpo.resolve(["--loss", "dr_grpo"])) == 3  # beta 0: no reference
+    recomputed = ppo.resolve(["--env", "Countdown-v0", "--gradient-checkpointing", "true"])
+    assert rl_presets.update_passes(recomputed) == 4 + 1 + 1 + 4  # each trained forward once more
+
+
+@pytest.mark.parametrize("family", ["grpo", "ppo"])
+def test_arc_agis_rl_preset_bounds_the_updates_memory(family):
+    """ARC-AGI-v0's 10,000-token prompts: activations recomputed, micro-batches capped by tokens."""
+    preset = rl_presets.rl_cpu_preset(llm_envs.make("ARC-AGI-v0"), "ARC-AGI-v0", family)
+    assert preset["gradient_checkpointing"] is True and preset["micro_batch_tokens"] == 8192
 
 
 def test_a_pace_scales_with_rows_and_tokens():

@@ -22,9 +22,13 @@ CPU_FAMILY: dict[str, dict[str, Any]] = {
     "grpo": dict(batch_size=2, group_size=4, lr=1e-5, steps=20, eval_every=10, checkpoint_every=10),
     "ppo": dict(batch_size=4, group_size=2, lr=1e-5, steps=20, eval_every=10, checkpoint_every=10),
 }
-#: Conciseness-v0's two training prompts, 8 responses each, as docs/rl.md's GRPO run.
+#: Conciseness-v0's two training prompts, 8 responses each, as docs/rl.md's GRPO run. ARC-AGI-v0's
+#: prompts run to 10,000 tokens: an update over one such group (its prompt once, 4 responses) kept
+#: ~20 GB of activations and two were killed for memory on a 24 GB machine (docs/rl.md), so its
+#: preset recomputes activations and packs each micro-batch to at most 8,192 tokens (a row alone).
 CPU_PRESETS: dict[str, dict[str, Any]] = {
     "Conciseness-v0": dict(batch_size=2, group_size=8, steps=12, eval_every=4, checkpoint_every=4),
+    "ARC-AGI-v0": dict(gradient_checkpointing=True, micro_batch_tokens=8192),
 }
 
 
@@ -36,10 +40,12 @@ def rl_cpu_preset(env: llm_envs.TaskEnv, env_id: str, family: str) -> dict[str, 
 def update_passes(cfg) -> float:
     """Forward-pass equivalents per token of a step's update: the policy's forward and backward (~3)
     per epoch, the reference's log-probs (beta > 0), the old log-probs (several epochs), and PPO's
-    critic (its values, and its own forward and backward per epoch unless it shares the policy's trunk)."""
-    passes = 3.0 * cfg.epochs + (1 if cfg.beta else 0) + (1 if cfg.epochs > 1 else 0)
+    critic (its values, and its own forward and backward per epoch unless it shares the policy's trunk);
+    with gradient checkpointing, each trained forward once more (recomputed in the backward pass)."""
+    train = 4.0 if cfg.gradient_checkpointing else 3.0
+    passes = train * cfg.epochs + (1 if cfg.beta else 0) + (1 if cfg.epochs > 1 else 0)
     if cfg.algorithm == "ppo":
-        passes += 1 + (0 if getattr(cfg, "shared_critic", False) else 3 * cfg.epochs)
+        passes += 1 + (0 if getattr(cfg, "shared_critic", False) else train * cfg.epochs)
     return passes
 
 
