@@ -23,9 +23,9 @@ CPU_FAMILY: dict[str, dict[str, Any]] = {
     "ppo": dict(batch_size=4, group_size=2, lr=1e-5, steps=20, eval_every=10, checkpoint_every=10),
 }
 #: Conciseness-v0's two training prompts, 8 responses each, as docs/rl.md's GRPO run. ARC-AGI-v0's
-#: prompts run to 10,000 tokens: an update over one such group (its prompt once, 4 responses) kept
-#: ~20 GB of activations and two were killed for memory on a 24 GB machine (docs/rl.md), so its
-#: preset recomputes activations and packs each micro-batch to at most 8,192 tokens (a row alone).
+#: prompts run to 10,000 tokens: without these, GRPO's and PPO's first updates were killed for memory
+#: on a 24 GB machine (22.5 GB resident; docs/es.md), so its preset recomputes activations and packs
+#: each micro-batch to at most 8,192 tokens (a longer row alone).
 CPU_PRESETS: dict[str, dict[str, Any]] = {
     "Conciseness-v0": dict(batch_size=2, group_size=8, steps=12, eval_every=4, checkpoint_every=4),
     "ARC-AGI-v0": dict(gradient_checkpointing=True, micro_batch_tokens=8192),
