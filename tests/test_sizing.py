@@ -127,6 +127,37 @@ def test_arc_agis_rl_preset_bounds_the_updates_memory(family):
     assert preset["gradient_checkpointing"] is True and preset["micro_batch_tokens"] == 8192
 
 
+
+@pytest.mark.parametrize("trainer", [grpo, ppo])
+def test_a_preset_that_turns_on_checkpointing_recomputes_the_update(trainer, tiny_model_dir, tmp_path, monkeypatch):
+    """The preset is chosen after the policy is loaded (from a probe of its engine): its
+    ``gradient_checkpointing`` must still reach the policy (and PPO's critic), not only the record.
+    ARC-AGI-v0's first checkpointed GRPO step ran without it and peaked at 22 GB."""
+    monkeypatch.setitem(rl_presets.CPU_PRESETS, "Conciseness-v0", dict(gradient_checkpointing=True))
+    seen = []
+    for module in (grpo, ppo):
+        real = module.token_logprobs
+
+        def spy(model, batch, *a, _real=real, **k):
+            if torch.is_grad_enabled():
+                seen.append(model.is_gradient_checkpointing)
+            return _real(model, batch, *a, **k)
+        monkeypatch.setattr(module, "token_logprobs", spy)
+    real_states = ppo.completion_states
+
+    def states_spy(trunk, batch):
+        if torch.is_grad_enabled():
+            seen.append(trunk.is_gradient_checkpointing)
+        return real_states(trunk, batch)
+    monkeypatch.setattr(ppo, "completion_states", states_spy)
+    run = tmp_path / "run"
+    trainer.main(run_args(tiny_model_dir, run, "--steps", "1", "--batch-size", "1", "--group-size", "2",
+                          "--preset", "cpu"))
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    assert config["gradient_checkpointing"] is True and config["sources"]["gradient_checkpointing"] == "preset cpu"
+    assert seen and all(seen), seen  # every trained forward recomputes its activations
+
+
 def test_a_pace_scales_with_rows_and_tokens():
     assert PACE.generation(8, 11) == pytest.approx(2 * (2.0 + 10 * 0.1))
     assert PACE.generation(0, 100) == 0.0

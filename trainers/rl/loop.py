@@ -36,7 +36,7 @@ from trainers.engines import make_engine
 from trainers.common.progress import bar
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
-from trainers.rl.policy import load_policy, load_reference, make_optimizer
+from trainers.rl.policy import enable_checkpointing, load_policy, load_reference, make_optimizer
 from trainers.rl.presets import rl_fit
 from trainers.rl.sampling import response_seeds, sample
 from trainers.rl.sharding import Ranks
@@ -162,6 +162,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
     options = runtime.engine_options(cfg)
     engine = make_engine(options, ranks.engine_model(model, options.engine, dtype), tokenizer, dtype)
     fit = rl_fit(cfg, ranks, engine, env, train_examples, dev.type, uses_shared_prefix)  # --preset, from a probe here
+    if cfg.gradient_checkpointing:  # a preset may have turned it on after the load (ARC-AGI-v0's CPU preset)
+        enable_checkpointing(model)
     prompts_per_step = min(cfg.batch_size, len(train_examples))
     per_step = prompts_per_step * cfg.group_size
     run.write_config(to_dict(cfg))  # the preset's values, and where each value came from

@@ -51,13 +51,21 @@ def load_policy(name_or_path: str, device: str | None = None, gradient_checkpoin
         model.requires_grad_(True)
     set_compute_dtype(model, compute)
     if gradient_checkpointing:
-        kwargs = {"use_reentrant": False}
-        if hasattr(model, "activation_checkpointing_enable"):  # the name in recent transformers
-            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
-        model.config.use_cache = False
+        enable_checkpointing(model)
     return model, tokenizer
+
+
+def enable_checkpointing(model) -> None:
+    """Recompute ``model``'s activations in its backward passes (``--gradient-checkpointing``): a
+    layer keeps only its input, not its ~100 intermediates per token. Idempotent."""
+    if getattr(model, "is_gradient_checkpointing", False):
+        return
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # the name in recent transformers
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
 
 
 def load_reference(name_or_path: str, device: str | None = None, compute: torch.dtype | None = None):
