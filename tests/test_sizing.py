@@ -164,6 +164,15 @@ def test_a_pace_scales_with_rows_and_tokens():
     assert PACE.forward(400) == pytest.approx(2.0)  # the probe's 4 x 100 prompt tokens took 2 s
 
 
+
+def test_a_held_out_evaluation_is_paced_from_its_own_prompts_padded_per_wave():
+    # prompts of the probe's length: the same as four responses' generation
+    assert PACE.evaluation([100] * 4, 11, batch=32) == pytest.approx(PACE.generation(4, 11))
+    # ARC-AGI-v0's case: one wave padded to its longest prompt, 3 x 700 tokens of prompt pass
+    assert PACE.evaluation([700, 100, 100], 11, batch=32) == pytest.approx(3 * 700 / 400 * 2.0 + 3 / 4 * 10 * 0.1)
+    # waves of 2, longest together: 2 x 700 + 1 x 100 tokens
+    assert PACE.evaluation([100, 700, 600], 1, batch=2) == pytest.approx((2 * 700 + 100) / 400 * 2.0)
+
 class SlowPromptEngine:
     """A stand-in engine: the first calls' prompt pass takes 0.4 s, later ones 0.05 s (the noise of a
     long prompt's pass), and every further token 0.02 s; ``per_token``: it reports after each token

@@ -64,6 +64,7 @@ from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.es.update_log import UpdateLog, check_noise_device
+from trainers.common.sizing import prompt_tokens
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
@@ -452,7 +453,8 @@ def train(cfg: ESConfig) -> Path:
 
     left = budget.steps_left(cfg.iterations - done, per_step)  # iterations this invocation will run
     members = len(range(dist.rank, cfg.population, dist.world))  # this process's share, as for eval_rows
-    eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // dist.world)
+    held = eval_examples(env, cfg.eval_split, cfg.eval_limit)[::dist.world]  # process 0's share, the largest
+    eval_rows = len(held)
     clock = es_clock(cfg, say, device.type, left, members, per_iteration, eval_rows,
                      evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
         if dist.is_main else None
@@ -460,7 +462,7 @@ def train(cfg: ESConfig) -> Path:
                        done if cfg.resume else None)
 
     say(fit.line("ES", cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
-                 fit.pace.generation(eval_rows, cfg.max_new_tokens)))
+                 fit.pace.evaluation(prompt_tokens(engine, held), cfg.max_new_tokens, cfg.gen_batch_size or 32)))
     if done == 0:
         held_out(0)
     last = done

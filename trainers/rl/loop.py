@@ -31,6 +31,7 @@ from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples
 from trainers.common.run_dir import RunDir, summarize
+from trainers.common.sizing import prompt_tokens
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
@@ -203,7 +204,8 @@ def train(cfg: RLConfig, algorithm) -> Path:
         f"({runtime.engine_why}), run dir {run.path}" + (f", {ranks.world} processes (FSDP)" if ranks.sharded else ""))
 
     left = budget.steps_left(cfg.steps - done, per_step)  # steps this invocation will run
-    eval_rows = -(-len(eval_examples(env, cfg.eval_split, cfg.eval_limit)) // ranks.world)
+    held = eval_examples(env, cfg.eval_split, cfg.eval_limit)[::ranks.world]  # process 0's share, the largest
+    eval_rows = len(held)
     share = ranks.share(prompts_per_step)  # this rank's prompts of every step
     clock = rl_clock(cfg, say, next(model.parameters()).device.type, left, share.stop - share.start, eval_rows,
                      evaluations_left(done, done + left, cfg.eval_every), engine.finished_rows_only) \
@@ -212,7 +214,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                        done if cfg.resume else None, unit="step")
 
     say(fit.line(algo.name, cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
-                 fit.pace.generation(eval_rows, cfg.max_new_tokens)))
+                 fit.pace.evaluation(prompt_tokens(engine, held), cfg.max_new_tokens, cfg.gen_batch_size)))
     if done == 0:
         held_out(0)
     step = done
