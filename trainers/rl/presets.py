@@ -25,7 +25,8 @@ CPU_FAMILY: dict[str, dict[str, Any]] = {
 #: Conciseness-v0's two training prompts, 8 responses each, as docs/rl.md's GRPO run. ARC-AGI-v0's
 #: prompts run to 10,000 tokens: without these, GRPO's and PPO's first updates were killed for memory
 #: on a 24 GB machine (22.5 GB resident; docs/es.md), so its preset recomputes activations and packs
-#: each micro-batch to at most 8,192 tokens (a longer row alone).
+#: each micro-batch to at most 8,192 tokens (a longer row alone): a step then peaks at 7.9 GB (GRPO)
+#: and 12.7 GB (PPO).
 CPU_PRESETS: dict[str, dict[str, Any]] = {
     "Conciseness-v0": dict(batch_size=2, group_size=8, steps=12, eval_every=4, checkpoint_every=4),
     "ARC-AGI-v0": dict(gradient_checkpointing=True, micro_batch_tokens=8192),
