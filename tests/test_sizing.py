@@ -245,6 +245,31 @@ def test_auto_runs_the_cpu_preset_where_the_paper_is_too_slow(tiny_model_dir, tm
     assert [r["samples"] for r in log if "reward_mean" in r] == [16]  # N=8 x 2 prompts ran
 
 
+
+def test_max_samples_is_checked_against_the_chosen_presets_iteration(tiny_model_dir, tmp_path, monkeypatch):
+    """`--max-samples` that one CPU-preset iteration fits is not refused with the paper's size (the
+    preset is chosen after the probe); one that even the chosen size exceeds still is."""
+    monkeypatch.setattr(sizing, "SWITCH", 0.0)  # auto picks the CPU preset: N=8 x 2 prompts = 16
+    run = tmp_path / "run"
+    es.main(run_args(tiny_model_dir, run, "--iterations", "1", "--max-samples", "16"))
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "reward_mean" in r] == [16]
+    with pytest.raises(es.ConfigError, match=r"--max-samples 8 is less than one iteration: N=8 x 2 prompts"):
+        es.train(es.resolve(run_args(tiny_model_dir, tmp_path / "small", "--iterations", "1", "--max-samples", "8")))
+    with pytest.raises(es.ConfigError, match=r"--max-samples 16 is less than one iteration: N=30 x 2"):
+        es.train(es.resolve(run_args(tiny_model_dir, tmp_path / "paper", "--preset", "paper", "--max-samples", "16")))
+    assert not (tmp_path / "paper").exists()  # refused before any run directory or model load
+
+
+def test_rl_max_samples_is_checked_against_the_chosen_presets_batch(tiny_model_dir, tmp_path, monkeypatch):
+    monkeypatch.setitem(rl_presets.CPU_PRESETS, "Conciseness-v0", dict(group_size=2))  # 2 prompts x 2
+    run = tmp_path / "run"
+    grpo.main(run_args(tiny_model_dir, run, "--steps", "1", "--preset", "cpu", "--max-samples", "4"))
+    log = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["samples"] for r in log if "reward_mean" in r] == [4]
+    with pytest.raises(es.ConfigError, match=r"--max-samples 4 is less than one sampled batch: 2 prompts x 8"):
+        grpo.train(grpo.resolve(run_args(tiny_model_dir, tmp_path / "paper", "--preset", "paper", "--max-samples", "4")))
+
 @pytest.mark.parametrize("engine", ["native", "hf"])  # hf: the README's main job's
 def test_the_probe_leaves_the_runs_numbers_as_they_were(engine, tiny_model_dir, tmp_path, monkeypatch):
     """The same full-rank ES run with the probe (which generates under a perturbed member) and with a

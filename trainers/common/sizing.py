@@ -196,6 +196,28 @@ class Choice:
         return text
 
 
+def check_before_choice(cfg, cpu: dict[str, Any], check: Callable[[Any], Any]) -> None:
+    """Run ``check`` (raises ``ConfigError``) before the preset is chosen, which waits for the probe:
+    a config passes if any preset it may end in passes (``--preset auto``: the paper's values, which
+    ``cfg`` holds, or the CPU preset ``cpu`` where nothing was given); the chosen one is checked again
+    after the choice. A failure raises the last candidate's error (the CPU preset's, the smaller)."""
+    candidates = [cfg]
+    if not cfg.resume and cfg.preset != "paper":
+        sources, small = given(cfg), copy.copy(cfg)
+        for key, value in cpu.items():
+            if key not in sources:
+                setattr(small, key, value)
+        candidates = [small] if cfg.preset == "cpu" else [cfg, small]
+    error = None
+    for candidate in candidates:
+        try:
+            check(candidate)
+            return
+        except ConfigError as exc:
+            error = exc
+    raise error
+
+
 def choose_preset(cfg, cpu: dict[str, Any], shape: Callable[[Any], str], completions: Callable[[Any], int],
            seconds: Callable[[Any], float], unit: str, pace: Pace, units: str = "iterations") -> Choice:
     """Decide ``cfg``'s preset and set its values, where nothing was given: ``cpu`` is the env's CPU

@@ -64,7 +64,7 @@ from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.es.update_log import UpdateLog, check_noise_device
-from trainers.common.sizing import prompt_tokens
+from trainers.common.sizing import check_before_choice, prompt_tokens
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
@@ -73,7 +73,7 @@ from trainers.engines.generation import encode_prompts, rows_that_fit
 from trainers.common import adapters
 from trainers.es.noise import adapters as adapter_noise, fullrank, lowrank
 from trainers.es.noise.members import AdapterMembers, FullRankMember, LowRankMembers
-from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_fit
+from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_cpu_preset, es_fit
 
 #: Keeps members' sample seeds apart from every other use of the run seed.
 SAMPLE_STREAM = 0x5A3D
@@ -385,12 +385,12 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
 # ----- the run ----------------------------------------------------------------------------------
 
 
-def iteration_size(cfg: ESConfig, train_size: int) -> tuple[int, int]:
-    """(prompts per iteration, responses one iteration generates); an iteration larger than
-    ``--max-samples`` is a ``ConfigError``."""
+def iteration_size(cfg: ESConfig, train_size: int, check: bool = True) -> tuple[int, int]:
+    """(prompts per iteration, responses one iteration generates); with ``check``, an iteration
+    larger than ``--max-samples`` is a ``ConfigError``."""
     per_iteration = min(cfg.batch_size or train_size, train_size)
     per_step = cfg.population * per_iteration * cfg.samples_per_prompt
-    if cfg.max_samples is not None and cfg.max_samples < per_step:
+    if check and cfg.max_samples is not None and cfg.max_samples < per_step:
         samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
                           f"{per_iteration} prompts{samples} = {per_step} responses")
@@ -425,7 +425,9 @@ def train(cfg: ESConfig) -> Path:
     # model config, dtype and engine: rank 0 resolves, every rank gets it (a resume's other --dtype ends here)
     runtime = settle_runtime(cfg, device, dist.from_main, dist.is_main)
     train_examples = env.examples("train")
-    per_iteration, per_step = iteration_size(cfg, len(train_examples))
+    # an iteration larger than --max-samples under every preset the probe may choose ends here, before any run
+    check_before_choice(cfg, es_cpu_preset(env, llm_envs.registry.resolve_id(cfg.env)),
+                        lambda c: iteration_size(c, len(train_examples)))
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=dist.is_main)
     run.write_config(to_dict(cfg))
     dist.hint = f"continue it with: python -m trainers.es --resume {run.path} (on any number of processes)"

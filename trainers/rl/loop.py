@@ -31,14 +31,14 @@ from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples
 from trainers.common.run_dir import RunDir, summarize
-from trainers.common.sizing import prompt_tokens
+from trainers.common.sizing import check_before_choice, prompt_tokens
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
 from trainers.rl.policy import enable_checkpointing, load_policy, load_reference, make_optimizer
-from trainers.rl.presets import rl_fit
+from trainers.rl.presets import family_of, rl_cpu_preset, rl_fit
 from trainers.rl.sampling import response_seeds, sample
 from trainers.rl.sharding import Ranks
 
@@ -111,6 +111,22 @@ def rl_clock(cfg: RLConfig, say, device: str, left: int, prompts: int, eval_rows
                     also="the update (log-probs, backward pass, optimizer step)")
 
 
+def check_batch(cfg: RLConfig, ranks: Ranks, train_size: int) -> None:
+    """A sampled batch larger than ``--max-samples``, or too small for every process's
+    ``--grad-accum`` micro-batches, is a ``ConfigError``."""
+    prompts_per_step = min(cfg.batch_size, train_size)
+    per_step = prompts_per_step * cfg.group_size  # responses one sampled batch generates (all ranks)
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
+        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
+                          f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
+    units = (prompts_per_step // ranks.world) * (1 if uses_shared_prefix(cfg) else cfg.group_size)
+    if ranks.sharded and units < cfg.grad_accum:
+        raise ConfigError(f"--batch-size {prompts_per_step} prompts over {ranks.world} processes leaves a process "
+                          f"{prompts_per_step // ranks.world} prompts x {cfg.group_size} responses, fewer than "
+                          f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one "
+                          f"{'group' if uses_shared_prefix(cfg) else 'response'} per micro-batch")
+
+
 def train(cfg: RLConfig, algorithm) -> Path:
     """The RL run, for any ``algorithm`` (GRPO, PPO): sample a batch, ``algorithm.prepare`` it (no
     gradients: reference log-probs, advantages, ...), ``algorithm.update`` it ``epochs`` times (one
@@ -126,17 +142,9 @@ def train(cfg: RLConfig, algorithm) -> Path:
     runtime = settle_runtime(cfg, dev, ranks.broadcast, ranks.is_main)
     dtype = runtime.precision.torch_dtype
     train_examples = env.examples("train")
-    prompts_per_step = min(cfg.batch_size, len(train_examples))
-    per_step = prompts_per_step * cfg.group_size  # responses one sampled batch generates (all ranks)
-    if cfg.max_samples is not None and cfg.max_samples < per_step:
-        raise ConfigError(f"--max-samples {cfg.max_samples} is less than one sampled batch: "
-                          f"{per_step // cfg.group_size} prompts x {cfg.group_size} responses = {per_step}")
-    units = (prompts_per_step // ranks.world) * (1 if uses_shared_prefix(cfg) else cfg.group_size)
-    if ranks.sharded and units < cfg.grad_accum:
-        raise ConfigError(f"--batch-size {prompts_per_step} prompts over {ranks.world} processes leaves a process "
-                          f"{prompts_per_step // ranks.world} prompts x {cfg.group_size} responses, fewer than "
-                          f"--grad-accum {cfg.grad_accum} micro-batches: every process needs at least one "
-                          f"{'group' if uses_shared_prefix(cfg) else 'response'} per micro-batch")
+    # a batch that fails under every preset the probe may choose ends here, before any run directory
+    check_before_choice(cfg, rl_cpu_preset(env, llm_envs.registry.resolve_id(cfg.env), family_of(cfg)),
+                        lambda c: check_batch(c, ranks, len(train_examples)))
     cfg.out = ranks.broadcast(cfg.out)  # the default name holds each rank's start time: rank 0's for all
     run = RunDir(cfg.out, resume=cfg.resume is not None, is_main=ranks.is_main)
     run.write_config(to_dict(cfg))
@@ -163,6 +171,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
     options = runtime.engine_options(cfg)
     engine = make_engine(options, ranks.engine_model(model, options.engine, dtype), tokenizer, dtype)
     fit = rl_fit(cfg, ranks, engine, env, train_examples, dev.type, uses_shared_prefix)  # --preset, from a probe here
+    check_batch(cfg, ranks, len(train_examples))
     if cfg.gradient_checkpointing:  # a preset may have turned it on after the load (ARC-AGI-v0's CPU preset)
         enable_checkpointing(model)
     prompts_per_step = min(cfg.batch_size, len(train_examples))

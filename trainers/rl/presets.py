@@ -38,6 +38,11 @@ def rl_cpu_preset(env: llm_envs.TaskEnv, env_id: str, family: str) -> dict[str, 
     return CPU_FAMILY[family] | CPU_PRESETS.get(env_id, {}) | cpu_env(env_id, env.max_new_tokens)
 
 
+def family_of(cfg) -> str:
+    """The preset family of ``cfg``'s algorithm: ppo, or grpo (Dr.GRPO too)."""
+    return "ppo" if cfg.algorithm == "ppo" else "grpo"
+
+
 def update_passes(cfg) -> float:
     """Forward-pass equivalents per token of a step's update: the policy's forward and backward (~3)
     per epoch, the reference's log-probs (beta > 0), the old log-probs (several epochs), and PPO's
@@ -58,7 +63,7 @@ def rl_fit(cfg, ranks, engine, env: llm_envs.TaskEnv, train_examples, device: st
     ``shared_prefix``)."""
     env_id = llm_envs.registry.resolve_id(cfg.env)
     train = len(train_examples)
-    family = "ppo" if cfg.algorithm == "ppo" else "grpo"
+    family = family_of(cfg)
 
     def seconds(c) -> float:
         prompts = math.ceil(min(c.batch_size, train) / ranks.world)
