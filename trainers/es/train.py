@@ -385,12 +385,12 @@ def es_clock(cfg: ESConfig, say, device: str, left: int, members: int, per_itera
 # ----- the run ----------------------------------------------------------------------------------
 
 
-def iteration_size(cfg: ESConfig, train_size: int, check: bool = True) -> tuple[int, int]:
-    """(prompts per iteration, responses one iteration generates); with ``check``, an iteration
-    larger than ``--max-samples`` is a ``ConfigError``."""
+def iteration_size(cfg: ESConfig, train_size: int) -> tuple[int, int]:
+    """(prompts per iteration, responses one iteration generates); an iteration larger than
+    ``--max-samples`` is a ``ConfigError``."""
     per_iteration = min(cfg.batch_size or train_size, train_size)
     per_step = cfg.population * per_iteration * cfg.samples_per_prompt
-    if check and cfg.max_samples is not None and cfg.max_samples < per_step:
+    if cfg.max_samples is not None and cfg.max_samples < per_step:
         samples = f" x {cfg.samples_per_prompt} samples" if cfg.samples_per_prompt > 1 else ""
         raise ConfigError(f"--max-samples {cfg.max_samples} is less than one iteration: N={cfg.population} x "
                           f"{per_iteration} prompts{samples} = {per_step} responses")
