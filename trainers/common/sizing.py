@@ -196,6 +196,20 @@ class Choice:
         return text
 
 
+def free_values(cfg, preset: dict[str, Any]) -> dict[str, Any]:
+    """The values of ``preset`` that neither a flag nor the ``--config`` file gave: the ones it sets."""
+    sources = given(cfg)
+    return {k: v for k, v in preset.items() if k not in sources}
+
+
+def with_preset(cfg, values: dict[str, Any]):
+    """A copy of ``cfg`` with ``values`` set."""
+    out = copy.copy(cfg)
+    for key, value in values.items():
+        setattr(out, key, value)
+    return out
+
+
 def check_before_choice(cfg, cpu: dict[str, Any], check: Callable[[Any], Any]) -> None:
     """Run ``check`` (raises ``ConfigError``) before the preset is chosen, which waits for the probe:
     a config passes if any preset it may end in passes (``--preset auto``: the paper's values, which
@@ -203,10 +217,7 @@ def check_before_choice(cfg, cpu: dict[str, Any], check: Callable[[Any], Any]) -
     after the choice. A failure raises the last candidate's error (the CPU preset's, the smaller)."""
     candidates = [cfg]
     if not cfg.resume and cfg.preset != "paper":
-        sources, small = given(cfg), copy.copy(cfg)
-        for key, value in cpu.items():
-            if key not in sources:
-                setattr(small, key, value)
+        small = with_preset(cfg, free_values(cfg, cpu))
         candidates = [small] if cfg.preset == "cpu" else [cfg, small]
     error = None
     for candidate in candidates:
@@ -227,11 +238,9 @@ def choose_preset(cfg, cpu: dict[str, Any], shape: Callable[[Any], str], complet
     ``cfg.preset`` to the choice and records each preset value as ``preset NAME`` in the config's
     sources. ``units``: the option that counts the run's units. A resumed run keeps its values."""
     sources = given(cfg)
-    free = {k: v for k, v in cpu.items() if k not in sources}
+    free = free_values(cfg, cpu)
     paper = copy.copy(cfg)
-    small = copy.copy(cfg)
-    for key, value in free.items():
-        setattr(small, key, value)
+    small = with_preset(cfg, free)
 
     def size(c, label: str) -> Size:
         return Size(label, shape(c), completions(c), c.max_new_tokens, getattr(c, units), seconds(c))
