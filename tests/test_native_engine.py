@@ -187,6 +187,42 @@ def test_a_rows_sample_does_not_depend_on_its_neighbours(tiny_model, tiny_tokeni
     shared.assert_agree(hf, together, "sampled with the same row seeds", "native")
 
 
+@pytest.mark.parametrize("fixed", [False, True], ids=["compacting", "fixed-shapes"])
+def test_a_groups_responses_share_one_prefill_of_their_prompt(tiny_model, tiny_tokenizer, monkeypatch, fixed):
+    """An RL group (``num_return_sequences``) prefills its prompt once and copies its keys and values
+    to each response: the prefill sees each distinct (prompt, member) once, and every sample equals
+    the one prefilled on its own row. Rows of one prompt under two low-rank members are not shared."""
+    from trainers.engines.native import engine as native, model as decoder_module, static
+
+    def unshared(decoder, ids, valid, rope, cache, members, noise=None, keep=False):
+        if noise is not None:
+            noise.select(members, keep=keep)
+        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+        return decoder.forward(ids, positions, rope, cache, 0, decoder_module.prefill_mask(valid), noise)
+
+    prefilled = []
+    forward = decoder_module.Decoder.forward
+    monkeypatch.setattr(decoder_module.Decoder, "forward", lambda self, ids, *a, **k: (
+        prefilled.append(ids.shape[0]) if ids.shape[1] > 1 else None, forward(self, ids, *a, **k))[1])
+    engine = NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=fixed)
+    members = LowRankMembers(lowrank.select_layers(tiny_model, None, 1), [1, 2], [1.0, 1.0], SIGMA, 1)
+    calls = {"group": dict(prompts=PROMPTS[:4], num_return_sequences=3),
+             "members": dict(prompts=[p for _ in range(2) for p in PROMPTS[:2] for _ in range(2)], perturbation=members)}
+    shared_ = {}
+    for name, kw in calls.items():
+        prefilled.clear()
+        shared_[name] = engine.generate(max_new_tokens=12, temperature=1.0, seed=5, **kw).token_ids
+        padding = 1 if fixed and name == "group" else 0  # the empty rows filling the fixed shape's bucket
+        assert prefilled == [4 + padding], name  # 4 prompts; 2 prompts x 2 members
+    for where in (native, static):
+        monkeypatch.setattr(where, "shared_prefill", unshared)
+    for name, kw in calls.items():
+        prefilled.clear()
+        assert engine.generate(max_new_tokens=12, temperature=1.0, seed=5, **kw).token_ids == shared_[name], name
+        assert prefilled == [len(shared_[name]) if not fixed else static.bucket(len(shared_[name]))]
+    assert len({tuple(t) for t in shared_["group"][:3]}) > 1  # a group's samples still differ
+
+
 def test_progress_is_reported_to_the_end(tiny_model, tiny_tokenizer):
     seen = []
     make_engine("native", tiny_model, tiny_tokenizer).generate(

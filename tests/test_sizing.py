@@ -4,6 +4,7 @@ paper`` / ``cpu`` ask for one; an explicit flag or ``--config`` value always win
 records where each value came from; every trainer says its whole-run estimate before its first work,
 and the probe behind it leaves the run's numbers as they were."""
 
+import dataclasses
 import json
 
 import llm_envs
@@ -162,6 +163,18 @@ def test_a_pace_scales_with_rows_and_tokens():
     assert PACE.generation(8, 11) == pytest.approx(2 * (2.0 + 10 * 0.1))
     assert PACE.generation(0, 100) == 0.0
     assert PACE.forward(400) == pytest.approx(2.0)  # the probe's 4 x 100 prompt tokens took 2 s
+    assert PACE.generation(8, 11, prompts=2) == PACE.generation(8, 11)  # an engine that does not share prompts
+
+
+def test_a_group_of_responses_is_paced_with_its_prompt_computed_once():
+    """On an engine that shares a prompt among its rows (native), 2 prompts x 4 responses cost two
+    prompt passes and eight rows' decoding; a probe whose 4 rows held 2 distinct prompts computed 2."""
+    shared = dataclasses.replace(PACE, prompt_rows=4, shares_prompts=True)
+    assert shared.generation(8, 11, prompts=2) == pytest.approx(2 / 4 * 2.0 + 8 / 4 * 10 * 0.1)
+    assert shared.generation(8, 11) == PACE.generation(8, 11)  # every row its own prompt
+    repeated = dataclasses.replace(shared, prompt_rows=2)
+    assert repeated.generation(8, 11, prompts=2) == pytest.approx(2 / 2 * 2.0 + 8 / 4 * 10 * 0.1)
+    assert repeated.forward(200) == pytest.approx(2.0)  # 2 prompts x 100 tokens took the 2 s
 
 
 
@@ -178,8 +191,9 @@ class SlowPromptEngine:
     long prompt's pass), and every further token 0.02 s; ``per_token``: it reports after each token
     (hf, native), else only when the call's rows finish (vLLM)."""
 
-    def __init__(self, per_token: bool):
+    def __init__(self, per_token: bool, shares_prompts: bool = False):
         self.per_token, self.calls, self.tokenizer = per_token, 0, None
+        self.shares_prompts = shares_prompts
 
     def generate(self, prompts, max_new_tokens, on_progress=None, **kwargs):
         import time
@@ -208,6 +222,17 @@ def test_the_probe_times_tokens_apart_from_the_prompt_pass(per_token, monkeypatc
     else:
         assert pace.step_seconds == 0.0
     assert pace.prompt_seconds >= 0.4 and pace.prompt_tokens == 10
+    assert pace.prompt_rows == 2  # two rows, each its own prompt pass
+
+
+def test_the_probe_counts_the_prompts_a_sharing_engine_computed(monkeypatch):
+    """Conciseness-v0 trains on 2 prompts: a probe of 4 rows cycles them, and an engine that shares
+    a prompt among rows computes 2 of them, so its pass is paced per distinct prompt."""
+    monkeypatch.setattr("trainers.engines.generation.encode_prompts",
+                        lambda tokenizer, batch: [[ord(p)] * 10 for p in batch])
+    pace = sizing.probe_pace(SlowPromptEngine(True, shares_prompts=True), ["a", "b"], "cpu", rows=4)
+    assert pace.rows == 4 and pace.prompt_rows == 2 and pace.shares_prompts
+    assert sizing.probe_pace(SlowPromptEngine(True), ["a", "b"], "cpu", rows=4).prompt_rows == 4
 
 
 def run_args(model_dir, out, *extra):

@@ -60,7 +60,9 @@ def cpu_env(env_id: str, env_max_new_tokens: int) -> dict[str, Any]:
 class Pace:
     """What the probe measured on this device: for calls of ``rows`` rows whose prompts average
     ``prompt_tokens`` tokens, the prompt pass with the first token, each further token, and a full-rank
-    ES member's noise work (perturb and restore the weights) per call."""
+    ES member's noise work (perturb and restore the weights) per call. ``prompt_rows``: the rows whose
+    prompt that pass computed (0: all; an engine that ``shares_prompts`` computes each distinct prompt
+    once, and ``shares_prompts`` paces a call's prompt pass by its distinct prompts)."""
 
     device: str
     rows: int
@@ -69,10 +71,15 @@ class Pace:
     step_seconds: float
     member_seconds: float = 0.0
     seconds: float = 0.0  # what the probe took
+    prompt_rows: int = 0
+    shares_prompts: bool = False
 
-    def generation(self, rows: int, max_new_tokens: int) -> float:
-        """Seconds to generate ``rows`` responses of up to ``max_new_tokens`` tokens."""
-        return rows / self.rows * (self.prompt_seconds + max(0, max_new_tokens - 1) * self.step_seconds)
+    def generation(self, rows: int, max_new_tokens: int, prompts: int | None = None) -> float:
+        """Seconds to generate ``rows`` responses of up to ``max_new_tokens`` tokens, to ``prompts``
+        distinct prompts (None: every row its own; counted only where the engine shares them)."""
+        computed = prompts if self.shares_prompts and prompts is not None else rows
+        return (computed / (self.prompt_rows or self.rows) * self.prompt_seconds
+                + rows / self.rows * max(0, max_new_tokens - 1) * self.step_seconds)
 
     def evaluation(self, prompt_tokens: Sequence[int], max_new_tokens: int, batch: int) -> float:
         """Seconds of a greedy held-out evaluation of prompts of ``prompt_tokens`` tokens: the engines'
@@ -85,11 +92,12 @@ class Pace:
 
     def forward(self, tokens: float) -> float:
         """Seconds of a forward pass over ``tokens`` tokens, paced from the prompt pass."""
-        return tokens * self.prompt_seconds / max(1.0, self.rows * self.prompt_tokens)
+        return tokens * self.prompt_seconds / max(1.0, (self.prompt_rows or self.rows) * self.prompt_tokens)
 
     def line(self) -> str:
         noise = f", {self.member_seconds:.2f} s of noise work per member" if self.member_seconds else ""
-        return (f"from a {self.seconds:.0f} s probe on this {self.device}: {plural(self.rows, 'row')} of "
+        distinct = f" ({self.prompt_rows} distinct)" if 0 < self.prompt_rows < self.rows else ""
+        return (f"from a {self.seconds:.0f} s probe on this {self.device}: {plural(self.rows, 'row')}{distinct} of "
                 f"~{self.prompt_tokens:.0f} prompt tokens, {self.prompt_seconds:.2f} s prompt pass, "
                 f"{1000 * self.step_seconds:.0f} ms per further token{noise}")
 
@@ -127,8 +135,11 @@ def probe_pace(engine, prompts: Sequence[Any], device: str, rows: int, temperatu
     else:
         step = max(0.0, (whole - first) / PROBE_TOKENS)
     noise = max(0.0, timed(rows, 1, member) - first) if member is not None else 0.0
-    tokens = sum(len(ids) for ids in encode_prompts(engine.tokenizer, batch)) / rows
-    return Pace(device, rows, tokens, first, step, noise, time.perf_counter() - began)
+    encoded = encode_prompts(engine.tokenizer, batch)
+    tokens = sum(len(ids) for ids in encoded) / rows
+    shares = engine.shares_prompts
+    computed = len({tuple(ids) for ids in encoded}) if shares else rows  # a short train split's prompts repeat
+    return Pace(device, rows, tokens, first, step, noise, time.perf_counter() - began, computed, shares)
 
 
 def prompt_tokens(engine, examples: Sequence[Any]) -> list[int]:

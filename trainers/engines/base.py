@@ -29,11 +29,14 @@ class Engine(ABC):
     ``schedules_rows``: the engine batches a call's rows itself within its own memory (vLLM);
     otherwise callers size calls to memory (``trainers.engines.generation.rows_that_fit``).
     ``finished_rows_only``: its progress counts a row only when the row finishes (vLLM), not at
-    every decode step, so the pace of a call is known only once the call ends."""
+    every decode step, so the pace of a call is known only once the call ends.
+    ``shares_prompts``: a call's rows with the same prompt (a group's responses) have that prompt
+    computed once (native), so a call's prompt pass costs its distinct prompts, not its rows."""
 
     name: ClassVar[str]
     schedules_rows: ClassVar[bool] = False
     finished_rows_only: ClassVar[bool] = False
+    shares_prompts: ClassVar[bool] = False
 
     def __init__(self, model, tokenizer):
         self.model, self.tokenizer = model, tokenizer

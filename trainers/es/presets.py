@@ -67,7 +67,7 @@ def es_fit(cfg, dist, engine, env: llm_envs.TaskEnv, params, layers, train_examp
         if c.noise == "full":
             distinct = c.population // 2 if c.mirrored else c.population
             noise = (members + distinct / 2) * pace.member_seconds
-        return pace.generation(rows, c.max_new_tokens) + noise
+        return pace.generation(rows, c.max_new_tokens, members * prompts(c)) + noise
 
     def shape(c) -> str:
         samples = f" x {c.samples_per_prompt} samples" if c.samples_per_prompt > 1 else ""

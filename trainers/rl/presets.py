@@ -70,7 +70,7 @@ def rl_fit(cfg, ranks, engine, env: llm_envs.TaskEnv, train_examples, device: st
         rows = prompts * c.group_size
         prompt_tokens = (prompts if shared_prefix(c) else rows) * pace.prompt_tokens
         update = pace.forward(prompt_tokens + rows * c.max_new_tokens) * update_passes(c)
-        return pace.generation(rows, c.max_new_tokens) + update
+        return pace.generation(rows, c.max_new_tokens, prompts) + update
 
     def shape(c) -> str:
         return f"{min(c.batch_size, train)} prompts x {c.group_size} responses, lr {c.lr:g}"

@@ -36,6 +36,15 @@ class KVCache:
         """Keys and values of the first ``rows`` slots, columns ``0 .. end - 1`` (views)."""
         return self.k[layer, :rows, :, :end], self.v[layer, :rows, :, :end]
 
+    def spread(self, source: torch.Tensor, end: int) -> None:
+        """Slot ``s`` (of ``0 .. len(source) - 1``) takes slot ``source[s]``'s columns ``0 .. end - 1``:
+        the prompt that rows share, computed once, copied to each of them. One layer at a time, so
+        the gather's temporary is a layer's, not the whole cache's."""
+        rows = len(source)
+        for layer in range(self.k.shape[0]):
+            self.k[layer, :rows, :, :end] = self.k[layer, source, :, :end]
+            self.v[layer, :rows, :, :end] = self.v[layer, source, :, :end]
+
     def move(self, dst: torch.Tensor, src: torch.Tensor, end: int) -> None:
         """Slots ``src`` into slots ``dst`` (columns ``0 .. end - 1``), every layer at once."""
         self.k[:, dst, :, :end] = self.k[:, src, :, :end]

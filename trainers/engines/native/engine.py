@@ -1,6 +1,7 @@
-"""The native engine's scheduler: rows in waves that fit in memory, each wave prefilled once and
-decoded step by step, finished rows leaving the batch (on CUDA: at fixed shapes, finished rows
-masked, the step a CUDA graph, ``static.py``)."""
+"""The native engine's scheduler: rows in waves that fit in memory, each wave prefilled once (each
+distinct prompt once: a group's responses share its keys and values) and decoded step by step,
+finished rows leaving the batch (on CUDA: at fixed shapes, finished rows masked, the step a CUDA
+graph, ``static.py``)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from trainers.engines.base import ModelWeightsEngine
 from trainers.common.progress import RowProgress, rows_bar
 from trainers.engines.generation import (GenerationResult, StopStrings, check_decoding, cut_at_stop, encode_prompts,
                                          result_of, rows_that_fit, stop_token_ids)
-from trainers.engines.native.model import Decoder, left_padded, prefill_mask, unsupported
+from trainers.engines.native.model import Decoder, left_padded, shared_prefill, unsupported
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
 from trainers.engines.options import EngineUnavailable
@@ -35,6 +36,7 @@ class NativeEngine(ModelWeightsEngine):
 
     name = "native"
     schedules_rows = True
+    shares_prompts = True
 
     def __init__(self, model, tokenizer, compute_dtype: torch.dtype | None = None, compact: bool = True,
                  fixed_shapes: bool | None = None, graphs: bool | None = None):
@@ -121,15 +123,12 @@ class NativeEngine(ModelWeightsEngine):
         dev, slots = self.device, len(rows)
         ids, valid = left_padded(rows, self.pad, dev)
         width = ids.shape[1]
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
         length = width + max_new
         cache, rope = self.decoder.cache(slots, length), self.decoder.rope(length)
         # Decode mask, additive: pad columns -inf, every later column open (every live row writes it).
         columns = torch.zeros(slots, length, dtype=cache.k.dtype, device=dev)
         columns[:, :width].masked_fill_(~valid, float("-inf"))
-        if noise is not None:
-            noise.select(members, keep=True)
-        logits = self.decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
+        logits = shared_prefill(self.decoder, ids, valid, rope, cache, members, noise, keep=True)
 
         stops = torch.tensor(self.stops, device=dev)
         slot_row = torch.arange(slots, device=dev)  # which row each live slot holds

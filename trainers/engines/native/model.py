@@ -76,6 +76,33 @@ def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     return ((causal & valid[:, None, :]) | eye)[:, None]
 
 
+def shared_prefill(decoder: "Decoder", ids: torch.Tensor, valid: torch.Tensor, rope, cache: KVCache,
+                   members: torch.Tensor | None, noise=None, keep: bool = False) -> torch.Tensor:
+    """The prefill of the left-padded prompts ``ids (rows, width)`` into ``cache``'s first ``rows``
+    slots, each distinct prompt (of one member) computed once: the responses of a group (an RL
+    group, ``num_return_sequences``, pass@k) share their prompt's keys and values, copied to every
+    row. Returns each row's last-token logits. ``noise``: a ``rows.RowNoise`` selected for
+    ``members`` on return (``keep`` as in its ``select``)."""
+    n = ids.shape[0]
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    key = ids if members is None else torch.cat([ids, members[:, None]], 1)
+    _, source = torch.unique(key, dim=0, return_inverse=True)  # each row's distinct prompt
+    distinct = int(source.max()) + 1
+    if distinct == n:
+        if noise is not None:
+            noise.select(members, keep=keep)
+        return decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
+    first = torch.full((distinct,), n, device=ids.device).scatter_reduce_(
+        0, source, torch.arange(n, device=ids.device), "amin")  # the first row of each prompt
+    if noise is not None:
+        noise.select(members[first], keep=keep)
+    logits = decoder.forward(ids[first], positions[first], rope, cache, 0, prefill_mask(valid[first]), noise)
+    cache.spread(source, ids.shape[1])
+    if noise is not None:
+        noise.select(members, keep=keep)
+    return logits[source]
+
+
 class Decoder:
     """``forward`` runs the decoder on T new tokens of each live row and returns the last token's
     logits; keys and values go into the ``KVCache`` at ``column``."""

@@ -32,8 +32,8 @@ step touches keeps its shape and its address from one step, and one call, to the
   H200: 4.8x the eager loop's tokens/s at 64 rows, 2.3x for a low-rank ES iteration;
   docs/benchmarks.md); ``LLM_ENVS_CUDA_GRAPHS=0`` turns it off.
 
-Prefill stays eager (its shape follows the prompts): one SDPA pass over the left-padded prompts of
-every slot. Sampling runs eagerly on each step's logits, one random stream per row as ever.
+Prefill stays eager (its shape follows the prompts): one SDPA pass over the left-padded prompts, each
+distinct prompt once (``model.shared_prefill``). Sampling runs eagerly on each step's logits, one random stream per row as ever.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ from collections.abc import Callable
 import torch
 
 from trainers.common.progress import RowProgress
-from trainers.engines.native.model import Decoder, left_padded, prefill_mask
+from trainers.engines.native.model import Decoder, left_padded, shared_prefill
 from trainers.engines.generation import StopStrings
 from trainers.engines.native.rows import RowNoise
 from trainers.engines.sampling import Sampler
@@ -210,9 +210,8 @@ class FixedShapes:
             noise = self._members(noise)
             b.members[:n] = members
             b.members[n:slots] = 0  # padding slots: any member
-            noise.select(b.members[:slots])
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self.decoder.forward(ids, positions, b.rope, b.cache, 0, prefill_mask(valid), noise)
+        logits = shared_prefill(self.decoder, ids, valid, b.rope, b.cache, None if noise is None else b.members[:slots],
+                                noise)
         mask = b.mask[:slots, :length]
         mask.fill_(float("-inf"))
         mask[:, :width].masked_fill_(valid, 0.0)
