@@ -222,7 +222,9 @@ def test_finished_rows_are_masked_and_the_wave_ends_when_all_are_done(tiny_model
     progress = []
     out = engine.generate(rows, 40, on_progress=lambda done, total, seconds: progress.append((done, total)))
     assert all(n <= 3 for n in out.num_tokens) and all(out.finished)
-    assert steps[0][0] == 8 and all(s == (8, 1) for s in steps[1:])  # prefill, then the bucket's 8 slots each step
+    # the prefill: the 5 prompts and the bucket's 3 empty rows once (a distinct prompt is computed once);
+    # then the bucket's 8 slots each step
+    assert steps[0][0] == 6 and all(s == (8, 1) for s in steps[1:])
     assert len(steps) - 1 < static.SYNC_EVERY  # stopped at the first look after all were done
     assert progress[-1] == (5, 5)
     assert all(n == 40 for n in engine.generate(rows, 40, min_new_tokens=40).num_tokens)
