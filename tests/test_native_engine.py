@@ -194,12 +194,6 @@ def test_a_groups_responses_share_one_prefill_of_their_prompt(tiny_model, tiny_t
     the one prefilled on its own row. Rows of one prompt under two low-rank members are not shared."""
     from trainers.engines.native import engine as native, model as decoder_module, static
 
-    def unshared(decoder, ids, valid, rope, cache, members, noise=None, keep=False):
-        if noise is not None:
-            noise.select(members, keep=keep)
-        positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-        return decoder.forward(ids, positions, rope, cache, 0, decoder_module.prefill_mask(valid), noise)
-
     prefilled = []
     forward = decoder_module.Decoder.forward
     monkeypatch.setattr(decoder_module.Decoder, "forward", lambda self, ids, *a, **k: (
@@ -215,7 +209,7 @@ def test_a_groups_responses_share_one_prefill_of_their_prompt(tiny_model, tiny_t
         padding = 1 if fixed and name == "group" else 0  # the empty rows filling the fixed shape's bucket
         assert prefilled == [4 + padding], name  # 4 prompts; 2 prompts x 2 members
     for where in (native, static):
-        monkeypatch.setattr(where, "shared_prefill", unshared)
+        monkeypatch.setattr(where, "shared_prefill", decoder_module.prefill)  # every row its own prompt pass
     for name, kw in calls.items():
         prefilled.clear()
         assert engine.generate(max_new_tokens=12, temperature=1.0, seed=5, **kw).token_ids == shared_[name], name

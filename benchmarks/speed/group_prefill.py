@@ -26,16 +26,6 @@ from trainers.common.config import Parser
 SIDES = ("per response (before)", "per group (after)")
 
 
-def unshared_prefill(decoder, ids, valid, rope, cache, members, noise=None, keep=False):
-    """The prefill before the change: every row's prompt computed, duplicates too."""
-    from trainers.engines.native.model import prefill_mask
-
-    if noise is not None:
-        noise.select(members, keep=keep)
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
-    return decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
-
-
 def main(argv: list[str] | None = None) -> dict:
     parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
@@ -47,6 +37,7 @@ def main(argv: list[str] | None = None) -> dict:
     from trainers.common.models import DEFAULT_MODEL
     from trainers.engines import make_engine
     from trainers.engines.native import engine as native
+    from trainers.engines.native.model import prefill as unshared_prefill  # every row's prompt, as before
     from trainers.rl.policy import load_policy
 
     env = llm_envs.make(ENV, **ENV_ARGS)

@@ -76,6 +76,17 @@ def prefill_mask(valid: torch.Tensor) -> torch.Tensor:
     return ((causal & valid[:, None, :]) | eye)[:, None]
 
 
+def prefill(decoder: "Decoder", ids: torch.Tensor, valid: torch.Tensor, rope, cache: KVCache,
+            members: torch.Tensor | None, noise=None, keep: bool = False) -> torch.Tensor:
+    """The prefill of every row of the left-padded prompts ``ids (rows, width)``, repeated prompts
+    too, into ``cache``'s first ``rows`` slots: each row's last-token logits. ``noise``: a
+    ``rows.RowNoise`` selected for ``members`` (``keep`` as in its ``select``)."""
+    if noise is not None:
+        noise.select(members, keep=keep)
+    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+    return decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
+
+
 def shared_prefill(decoder: "Decoder", ids: torch.Tensor, valid: torch.Tensor, rope, cache: KVCache,
                    members: torch.Tensor | None, noise=None, keep: bool = False) -> torch.Tensor:
     """The prefill of the left-padded prompts ``ids (rows, width)`` into ``cache``'s first ``rows``
@@ -84,19 +95,15 @@ def shared_prefill(decoder: "Decoder", ids: torch.Tensor, valid: torch.Tensor, r
     row. Returns each row's last-token logits. ``noise``: a ``rows.RowNoise`` selected for
     ``members`` on return (``keep`` as in its ``select``)."""
     n = ids.shape[0]
-    positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
     key = ids if members is None else torch.cat([ids, members[:, None]], 1)
     _, source = torch.unique(key, dim=0, return_inverse=True)  # each row's distinct prompt
     distinct = int(source.max()) + 1
     if distinct == n:
-        if noise is not None:
-            noise.select(members, keep=keep)
-        return decoder.forward(ids, positions, rope, cache, 0, prefill_mask(valid), noise)
+        return prefill(decoder, ids, valid, rope, cache, members, noise, keep)
     first = torch.full((distinct,), n, device=ids.device).scatter_reduce_(
         0, source, torch.arange(n, device=ids.device), "amin")  # the first row of each prompt
-    if noise is not None:
-        noise.select(members[first], keep=keep)
-    logits = decoder.forward(ids[first], positions[first], rope, cache, 0, prefill_mask(valid[first]), noise)
+    logits = prefill(decoder, ids[first], valid[first], rope, cache, None if members is None else members[first],
+                     noise, keep)
     cache.spread(source, ids.shape[1])
     if noise is not None:
         noise.select(members, keep=keep)
