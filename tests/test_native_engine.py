@@ -23,7 +23,9 @@ from conftest import build_tiny_model, build_tiny_qwen2
 from test_engines import PROMPTS, SIGMA, agreement, es_args, log_of
 from trainers.es import train as es
 from trainers.engines import EngineUnavailable, make_engine
-from trainers.engines.native import NativeEngine
+from trainers.engines.generation import WaveRoom
+from trainers.engines.native import NativeEngine, static
+from trainers.engines.native.engine import cut_waves
 from trainers.es.noise import fullrank, lowrank
 from trainers.es.noise.members import FullRankMember, LowRankMembers
 
@@ -131,6 +133,11 @@ def test_finished_rows_leave_the_batch_without_changing_any_output(tiny_model, t
             == kept.generate(rows, 16, perturbation=members).token_ids)  # members follow their rows when moved
 
 
+def room_of(cap: int):
+    """A stand-in for ``wave_room``: room for ``cap`` slots, whatever their prompts (no prefill cost)."""
+    return lambda model, tokens: WaveRoom(room=cap, kept=1, prefill=0)
+
+
 def test_rows_that_do_not_fit_at_once_run_in_waves(tiny_model, tiny_tokenizer, monkeypatch):
     from trainers.engines.native import engine as native
 
@@ -138,10 +145,40 @@ def test_rows_that_do_not_fit_at_once_run_in_waves(tiny_model, tiny_tokenizer, m
     rows = [p for _ in range(3) for p in PROMPTS[:4]]
     engine = NativeEngine(tiny_model, tiny_tokenizer)
     whole = engine.generate(rows, 12, perturbation=members)
-    monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens: 5)
+    monkeypatch.setattr(native, "wave_room", room_of(5))
     waves = engine.generate(rows, 12, perturbation=members)
     assert whole.batches == 1 and waves.batches == 3
     assert_agree(whole, waves, "in waves of 5 rows")
+
+
+def test_waves_count_a_shared_prompts_prefill_once():
+    """``cut_waves``: slots each cost ``kept``, distinct keys ``prefill`` (and a bucket's empty rows
+    one more). A full row costs 7 of 10, so rows alone go one per wave; a group of 4 of one prompt
+    (4 x 1 + 6) fits in one."""
+    room = WaveRoom(room=10, kept=1, prefill=6)
+    assert cut_waves(list(range(3)), ["a", "b", "c"], room) == [[0], [1], [2]]
+    assert cut_waves(list(range(8)), ["a"] * 4 + ["b"] * 4, room) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert cut_waves(list(range(5)), ["a"] * 5, room) == [[0, 1, 2, 3], [4]]
+    # in buckets: 3 rows take 4 slots and prefill an empty row too (4 + 2 x 6 > 10)
+    assert cut_waves(list(range(3)), ["a"] * 3, room, static.bucket) == [[0, 1], [2]]
+    assert cut_waves(list(range(4)), ["a"] * 4, room, static.bucket) == [[0, 1, 2, 3]]  # 3 rows do not fit, 4 do
+    assert cut_waves([0], ["a"], WaveRoom(room=0, kept=1, prefill=1)) == [[0]]  # never an empty wave
+
+
+@pytest.mark.parametrize("fixed", [False, True], ids=["compacting", "fixed-shapes"])
+def test_a_group_that_fits_once_its_prompt_is_shared_runs_in_one_wave(tiny_model, tiny_tokenizer, monkeypatch, fixed):
+    """Where memory holds one row with its own prompt pass (ARC-AGI's 10k-token prompts on a CPU),
+    a group of responses still runs together: its prompt's scores are computed once. The samples
+    are those of one row per wave."""
+    from trainers.engines.native import engine as native
+
+    engine = NativeEngine(tiny_model, tiny_tokenizer, fixed_shapes=fixed)
+    monkeypatch.setattr(native, "wave_room", room_of(1))
+    alone = engine.generate(PROMPTS[:2], 12, temperature=1.0, seed=5, num_return_sequences=4)
+    monkeypatch.setattr(native, "wave_room", lambda model, tokens: WaveRoom(room=10, kept=1, prefill=6))
+    grouped = engine.generate(PROMPTS[:2], 12, temperature=1.0, seed=5, num_return_sequences=4)
+    assert alone.batches == 8 and grouped.batches == 2
+    assert grouped.token_ids == alone.token_ids
 
 
 def test_sampling_follows_its_seed_and_options(tiny_model, tiny_tokenizer):
@@ -167,7 +204,7 @@ def test_a_rows_sample_depends_on_its_seed_alone_not_on_the_waves(tiny_model, ti
     whole = engine.generate(rows, 12, temperature=1.0, seed=1)
     assert whole.batches == 1 and len({tuple(ids) for ids in whole.token_ids}) > 4
     for cap in (1, 7, 16):
-        monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens, cap=cap: cap)
+        monkeypatch.setattr(native, "wave_room", room_of(cap))
         waves = engine.generate(rows, 12, temperature=1.0, seed=1)
         assert waves.batches == -(-len(rows) // cap)
         assert waves.token_ids == whole.token_ids, f"waves of {cap} rows"

@@ -21,6 +21,7 @@ import llm_envs
 from conftest import build_tiny_model, build_tiny_qwen2
 from trainers.engines.native import NativeEngine
 from trainers.engines.native import engine as native
+from test_native_engine import room_of
 from trainers.engines.native import static
 from trainers.es.noise import lowrank
 from trainers.es.noise.members import LowRankMembers
@@ -89,7 +90,6 @@ def fixed_engine(model, tokenizer, graphs: bool = False) -> NativeEngine:
 def test_buckets_and_columns():
     assert [static.bucket(n) for n in (1, 2, 3, 5, 17, 32, 33, 49, 64, 65, 100, 129, 200, 256, 257)] == \
         [1, 2, 4, 8, 32, 32, 48, 64, 64, 96, 128, 192, 256, 256, 384]
-    assert [static.largest_bucket(n) for n in (1, 3, 47, 48, 63, 255, 256)] == [1, 2, 32, 48, 48, 192, 256]
     assert static.columns_for(1) == static.columns_for(128) == 128 and static.columns_for(129) == 256
 
 
@@ -162,9 +162,9 @@ def test_rows_that_do_not_fit_run_in_waves_of_whole_buckets(tiny_model, tiny_tok
     members = members_of(tiny_model, [1, 2, 3])
     whole = engine.generate(rows, 10, perturbation=members, temperature=1.0, seed=3)
     engine.close()  # nothing held: the wave size comes from the monkeypatched estimate alone
-    monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens: 7)
+    monkeypatch.setattr(native, "wave_room", room_of(7))
     waves = engine.generate(rows, 10, perturbation=members, temperature=1.0, seed=3)
-    assert whole.batches == 1 and waves.batches == 6  # waves of 4 rows, the largest bucket <= 7
+    assert whole.batches == 1 and waves.batches == 6  # waves of 4 rows: 5 rows would take a bucket of 8 slots
     assert waves.token_ids == whole.token_ids
 
 
@@ -183,10 +183,10 @@ def test_buffers_and_factors_are_kept_across_calls_and_refilled(tiny_model, tiny
     assert buffers.slots == 16 and engine.static.held_rows(40, torch.float32) == 16
     assert engine.static.held_rows(40, torch.bfloat16) == 0 and engine.static.held_rows(200, torch.float32) == 0
     # the held buffers count as free memory: one wave, though the estimate alone would allow 1 row
-    estimate = native.rows_that_fit
-    monkeypatch.setattr(native, "rows_that_fit", lambda model, tokens: 1)
+    estimate = native.wave_room
+    monkeypatch.setattr(native, "wave_room", room_of(1))
     out = engine.generate(rows, 12, perturbation=second)
-    monkeypatch.setattr(native, "rows_that_fit", estimate)
+    monkeypatch.setattr(native, "wave_room", estimate)
     assert out.batches == 1 and engine.static.buffers is buffers and engine.static.noise is factors
     assert len(fake_graphs) == graphs
     assert out.token_ids == reference.generate(rows, 12, perturbation=second).token_ids

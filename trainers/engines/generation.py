@@ -397,11 +397,24 @@ def free_memory(device: torch.device) -> int:
     return 4 << 30
 
 
-def rows_that_fit(model, tokens_per_row: int, budget: float = 0.5) -> int:
-    """How many sequences of ``tokens_per_row`` (prompt + completion) one ``generate`` call can hold
-    in ``budget`` x the free memory: an estimate from the model config of each row's KV cache and
-    its largest transient activations (prefill MLP, attention scores, fp32 logits), doubled for
-    safety. At least 1."""
+@dataclass(frozen=True)
+class WaveRoom:
+    """What one wave of a ``generate`` call may hold: ``room`` bytes; each slot ``kept`` bytes for the
+    whole wave (its KV cache and fp32 logits) and each row prefilled ``prefill`` bytes while its
+    prompt is computed (the prefill MLP and attention scores). Rows that share a prompt, prefilled
+    once (the native engine), cost ``kept`` each and one ``prefill`` between them."""
+
+    room: float
+    kept: float
+    prefill: float
+
+    def fits(self, slots: int, prefilled: int) -> bool:
+        return slots * self.kept + prefilled * self.prefill <= self.room
+
+
+def wave_room(model, tokens_per_row: int, budget: float = 0.5) -> WaveRoom:
+    """``budget`` x the free memory, and what a sequence of ``tokens_per_row`` (prompt +
+    completion) costs in it: an estimate from the model config, doubled for safety."""
     cfg = getattr(model, "config", None)
     get = lambda name, default: getattr(cfg, name, None) or default  # noqa: E731
     hidden = get("hidden_size", 1024)
@@ -410,7 +423,14 @@ def rows_that_fit(model, tokens_per_row: int, budget: float = 0.5) -> int:
     kv_heads = get("num_key_value_heads", heads)
     elem = next(model.parameters()).element_size()
     kv = 2 * get("num_hidden_layers", 24) * kv_heads * head_dim * tokens_per_row * elem
-    transient = (tokens_per_row * (4 * hidden + 3 * get("intermediate_size", 4 * hidden)) * elem
-                 + heads * tokens_per_row ** 2 * 4 + 4 * get("vocab_size", 50_000))
-    per_row = 2 * (kv + transient)
-    return max(1, int(budget * free_memory(_input_device(model)) // per_row))
+    mlp = tokens_per_row * (4 * hidden + 3 * get("intermediate_size", 4 * hidden)) * elem
+    scores = heads * tokens_per_row ** 2 * 4
+    return WaveRoom(room=budget * free_memory(_input_device(model)), kept=2 * (kv + 4 * get("vocab_size", 50_000)),
+                    prefill=2 * (mlp + scores))
+
+
+def rows_that_fit(model, tokens_per_row: int, budget: float = 0.5) -> int:
+    """How many sequences of ``tokens_per_row`` (prompt + completion), each prefilled on its own,
+    one ``generate`` call can hold in ``budget`` x the free memory (``wave_room``). At least 1."""
+    r = wave_room(model, tokens_per_row, budget)
+    return max(1, int(r.room // (r.kept + r.prefill)))

@@ -6,22 +6,45 @@ graph, ``static.py``)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
+from collections.abc import Callable, Hashable
 
 import torch
 
 from trainers.engines.base import ModelWeightsEngine
 from trainers.common.progress import RowProgress, rows_bar
 from trainers.engines.generation import (GenerationResult, StopStrings, check_decoding, cut_at_stop, encode_prompts,
-                                         result_of, rows_that_fit, stop_token_ids)
+                                         WaveRoom, result_of, stop_token_ids, wave_room)
 from trainers.engines.native.model import Decoder, left_padded, shared_prefill, unsupported
 from trainers.engines.native.rows import RowNoise
-from trainers.engines.native.static import FixedShapes, graphs_wanted, largest_bucket
+from trainers.engines.native.static import FixedShapes, bucket, graphs_wanted
 from trainers.engines.options import EngineUnavailable
 from trainers.engines.sampling import Sampler, row_seeds, row_uniforms
 from trainers.es.noise import lowrank
 from trainers.es.noise.adapters import AdapterPopulation, own_layers
 from trainers.es.noise.members import BATCHED, AdapterMembers, FullRankMember, LowRankMembers, Perturbation
+
+
+def cut_waves(order: list[int], keys: list[Hashable], room: WaveRoom,
+              slots: Callable[[int], int] = lambda n: n) -> list[list[int]]:
+    """``order`` cut into consecutive waves, each the longest run that fits ``room``: a wave of n
+    rows holds ``slots(n)`` slots and prefills each distinct key (a prompt under one member) once,
+    plus one empty row where its slots outnumber its rows. So a group of responses shares its
+    prompt's prefill when the group fits, where one full row each would not. At least one row."""
+    waves = []
+    start = 0
+    while start < len(order):
+        size, seen = 1, set()
+        for n, k in enumerate(order[start:], 1):
+            seen.add(keys[k])
+            if not room.fits(slots(n), len(seen)):
+                break  # nor will any longer run: slots and keys only grow
+            if room.fits(slots(n), len(seen) + (slots(n) > n)):
+                size = n  # a bucket's empty rows can make n - 1 rows cost more than n
+        waves.append(order[start:start + size])
+        start += size
+    return waves
 
 
 class NativeEngine(ModelWeightsEngine):
@@ -74,14 +97,17 @@ class NativeEngine(ModelWeightsEngine):
             members = torch.zeros(len(rows), dtype=torch.long, device=self.device)
         # Waves: as many rows as fit in memory, longest prompts together (little padding).
         longest = max(len(r) for r in rows)
-        cap = rows_that_fit(self.model, longest + max_new_tokens)
-        if self.static is not None:  # waves of whole buckets; the buffers it holds count as free
-            cap = largest_bucket(cap + self.static.held_rows(longest + max_new_tokens, self.compute_dtype))
+        room = wave_room(self.model, longest + max_new_tokens)
+        slots = (lambda n: n) if self.static is None else bucket  # waves of whole buckets there
+        if self.static is not None:  # the buffers it holds count as free
+            held = self.static.held_rows(longest + max_new_tokens, self.compute_dtype)
+            room = dataclasses.replace(room, room=room.room + held * room.kept)
         order = sorted(range(len(rows)), key=lambda k: -len(rows[k])) if sort else list(range(len(rows)))
-        waves = [order[k:k + cap] for k in range(0, len(order), cap)]
-        if members is not None:  # a wave's rows member by member (its padding is the same in any order): the
-            member_of = members.tolist()  # by-member products view them in place
-            waves = [sorted(w, key=member_of.__getitem__) for w in waves]
+        member_of = None if members is None else members.tolist()
+        keys = [(tuple(r), None if member_of is None else member_of[k]) for k, r in enumerate(rows)]
+        waves = cut_waves(order, keys, room, slots)
+        if member_of is not None:  # a wave's rows member by member (its padding is the same in any order): the
+            waves = [sorted(w, key=member_of.__getitem__) for w in waves]  # by-member products view them in place
         sampler = Sampler(float(temperature), float(top_p), int(top_k))
         # One random stream per row, so a row's sample never depends on the wave it lands in.
         uniforms = row_uniforms(row_seeds(seed, len(rows)), max_new_tokens, len(rows), self.device) \

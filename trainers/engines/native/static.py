@@ -68,14 +68,6 @@ def bucket(rows: int) -> int:
     return b
 
 
-def largest_bucket(rows: int) -> int:
-    """The largest bucket that is at most ``rows`` (at least 1)."""
-    b = 1
-    while bucket(b + 1) <= rows:
-        b = bucket(b + 1)
-    return b
-
-
 def columns_for(tokens: int) -> int:
     """The cache columns a wave of ``tokens`` (prompt width + new tokens) runs with."""
     return -(-tokens // LENGTH_STEP) * LENGTH_STEP
