@@ -155,7 +155,10 @@ def test_a_model_that_ignores_logits_to_keep_gets_the_same_logprobs(tiny_tokeniz
     with torch.no_grad():
         assert ignoring(input_ids=batch.prompt_ids, logits_to_keep=1).logits.shape[1] == batch.prompt_ids.shape[1]
         want, got = token_logprobs(model, batch), token_logprobs(ignoring, batch)
-    assert got.shape == want.shape and torch.equal(got, want)
+    # the same positions' logits: equal up to the head's rounding, which differs between a product over one
+    # position and one over all of them on some CPUs (4.8e-7 on a Zen 3; taking a wrong position is ~1)
+    assert got.shape == want.shape
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5)
 
 
 def legacy_cache(trunk) -> None:
