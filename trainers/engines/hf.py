@@ -1,4 +1,5 @@
-"""The Hugging Face engine (``--engine hf``, the default): ``generate`` of the model itself.
+"""The Hugging Face engine (``--engine hf``): ``generate`` of the model itself. ``--engine auto`` picks it
+for models and devices the native engine does not run (``choice.py``).
 
 Perturbations act on the model: a full-rank member is written into its weights in place and
 restored exactly afterwards (``noise.perturb`` / ``noise.restore``); low-rank members are forward
