@@ -29,6 +29,7 @@ import torch
 
 from llm_envs.templates import render_chat as render_prompt  # the one rule, shared with trainers.trl
 from trainers.common.progress import RowProgress, rows_bar
+from trainers.engines.prompt_cache import shared_prompt_cache
 from trainers.engines.sampling import Sampler, Seeds, row_seeds, row_uniforms
 
 Message = dict[str, str]
@@ -167,6 +168,7 @@ def generate(
     min_new_tokens: int = 0,
     on_progress: Callable[[float, int, float], None] | None = None,
     stop_strings: Sequence[str] = (),
+    share_prompts: bool = False,
 ) -> GenerationResult:
     """Complete each chat prompt; greedy when ``temperature == 0``; a completion also ends at the
     first of ``stop_strings`` it writes (module docstring).
@@ -183,6 +185,10 @@ def generate(
 
     Greedy output is deterministic for a given call. Across different batch compositions (other
     padding) fp32 results agree up to float rounding, which can flip a near-tied argmax.
+
+    ``share_prompts``: a batch's rows with the same prompt (a group's responses) have that prompt
+    computed once (``prompt_cache.shared_prompt_cache``), as far as the model allows; only where
+    every row sees the same weights (no hook giving each row its own, as a low-rank population).
 
     ``progress``: a tqdm bar of the sequences done (a string names it), moving with every decode
     step, so a long batch shows its pace and an ETA before it ends (an upper bound until then: it
@@ -236,17 +242,19 @@ def generate(
                     if ids:
                         input_ids[r, width - len(ids):] = torch.tensor(ids, dtype=torch.long)
                         attention[r, width - len(ids):] = 1
-                track = {}
+                extra = {}
                 if tracker is not None:
                     tracker.batch(len(rows), width)
-                    track = {"stopping_criteria": tracker.stopping_criteria()}
+                    extra = {"stopping_criteria": tracker.stopping_criteria()}
                 if strings:
-                    criteria = track.setdefault("stopping_criteria", StringCriteria.list())
+                    criteria = extra.setdefault("stopping_criteria", StringCriteria.list())
                     criteria.append(StringCriteria(strings, width))
                 if sampler is not None:
-                    track["logits_processor"] = RowSampling(sampler, uniforms[batch], width).as_list()
-                out = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                     generation_config=config, **track)
+                    extra["logits_processor"] = RowSampling(sampler, uniforms[batch], width).as_list()
+                input_ids, attention = input_ids.to(device), attention.to(device)
+                if share_prompts and (cache := shared_prompt_cache(model, input_ids, attention)) is not None:
+                    extra["past_key_values"] = cache  # generate computes each row's last prompt token only
+                out = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, **extra)
                 new = out[:, width:].tolist()
                 for j, ids in zip(batch, new):
                     results[j] = cut_at_stop(ids, stops)
