@@ -179,12 +179,26 @@ def test_a_group_of_responses_is_paced_with_its_prompt_computed_once():
 
 
 def test_a_held_out_evaluation_is_paced_from_its_own_prompts_padded_per_wave():
+    def prompts(*lengths):  # distinct prompts of these lengths
+        return [[k] * n for k, n in enumerate(lengths)]
+
     # prompts of the probe's length: the same as four responses' generation
-    assert PACE.evaluation([100] * 4, 11, batch=32) == pytest.approx(PACE.generation(4, 11))
+    assert PACE.evaluation(prompts(100, 100, 100, 100), 11, batch=32) == pytest.approx(PACE.generation(4, 11))
     # ARC-AGI-v0's case: one wave padded to its longest prompt, 3 x 700 tokens of prompt pass
-    assert PACE.evaluation([700, 100, 100], 11, batch=32) == pytest.approx(3 * 700 / 400 * 2.0 + 3 / 4 * 10 * 0.1)
+    assert PACE.evaluation(prompts(700, 100, 100), 11, batch=32) == pytest.approx(3 * 700 / 400 * 2.0 + 3 / 4 * 10 * 0.1)
     # waves of 2, longest together: 2 x 700 + 1 x 100 tokens
-    assert PACE.evaluation([100, 700, 600], 1, batch=2) == pytest.approx((2 * 700 + 100) / 400 * 2.0)
+    assert PACE.evaluation(prompts(100, 700, 600), 1, batch=2) == pytest.approx((2 * 700 + 100) / 400 * 2.0)
+
+
+def test_a_held_out_evaluations_repeated_prompts_are_paced_once_per_wave_where_the_engine_shares_them():
+    repeated = [[1] * 100, [2] * 100, [1] * 100, [1] * 100]  # two distinct prompts, one of them three times
+    shared = dataclasses.replace(PACE, shares_prompts=True)
+    decode = 4 / 4 * 10 * 0.1
+    assert shared.evaluation(repeated, 11, batch=32) == pytest.approx(2 * 100 / 400 * 2.0 + decode)
+    assert PACE.evaluation(repeated, 11, batch=32) == pytest.approx(4 * 100 / 400 * 2.0 + decode)  # every row's
+    # a wave shares only its own rows: waves of 2 (stable order: 1, 2 | 1, 1) compute 2 + 1 prompts
+    assert shared.evaluation(repeated, 11, batch=2) == pytest.approx(3 * 100 / 400 * 2.0 + decode)
+
 
 class SlowPromptEngine:
     """A stand-in engine: the first calls' prompt pass takes 0.4 s, later ones 0.05 s (the noise of a

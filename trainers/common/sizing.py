@@ -81,14 +81,20 @@ class Pace:
         return (computed / (self.prompt_rows or self.rows) * self.prompt_seconds
                 + rows / self.rows * max(0, max_new_tokens - 1) * self.step_seconds)
 
-    def evaluation(self, prompt_tokens: Sequence[int], max_new_tokens: int, batch: int) -> float:
-        """Seconds of a greedy held-out evaluation of prompts of ``prompt_tokens`` tokens: the engines'
-        waves of ``batch`` rows, longest prompts together, each padded to its longest. (ARC-AGI-v0's 10
-        held-out prompts pad to 7,152 tokens where the probe's training prompts averaged ~2,700: paced
-        as ``generation``, an evaluation was estimated at a third of its time.)"""
-        lengths = sorted(prompt_tokens, reverse=True)
-        padded = sum(lengths[k] * len(lengths[k:k + batch]) for k in range(0, len(lengths), batch))
-        return self.forward(padded) + len(lengths) / self.rows * max(0, max_new_tokens - 1) * self.step_seconds
+    def evaluation(self, prompts: Sequence[Sequence[int]], max_new_tokens: int, batch: int) -> float:
+        """Seconds of a greedy held-out evaluation of ``prompts`` (each one's token ids): the engines'
+        waves of ``batch`` rows, longest prompts together, each padded to its longest, and on an
+        engine that ``shares_prompts`` each distinct prompt of a wave computed once (rg/products-v0's
+        test split: 100 items, 62 distinct prompts). (ARC-AGI-v0's 10 held-out prompts pad to 7,152
+        tokens where the probe's training prompts averaged ~2,700: paced as ``generation``, an
+        evaluation was estimated at a third of its time.)"""
+        ordered = sorted(prompts, key=len, reverse=True)
+        padded = 0
+        for k in range(0, len(ordered), batch):
+            wave = ordered[k:k + batch]
+            computed = len({tuple(ids) for ids in wave}) if self.shares_prompts else len(wave)
+            padded += len(wave[0]) * computed
+        return self.forward(padded) + len(ordered) / self.rows * max(0, max_new_tokens - 1) * self.step_seconds
 
     def forward(self, tokens: float) -> float:
         """Seconds of a forward pass over ``tokens`` tokens, paced from the prompt pass."""
@@ -142,11 +148,11 @@ def probe_pace(engine, prompts: Sequence[Any], device: str, rows: int, temperatu
     return Pace(device, rows, tokens, first, step, noise, time.perf_counter() - began, computed, shares)
 
 
-def prompt_tokens(engine, examples: Sequence[Any]) -> list[int]:
-    """The token count of each example's prompt, as ``engine`` encodes it (chat template included)."""
+def prompt_ids(engine, examples: Sequence[Any]) -> list[list[int]]:
+    """Each example's prompt as ``engine`` encodes it (chat template included)."""
     from trainers.engines.generation import encode_prompts
 
-    return [len(ids) for ids in encode_prompts(engine.tokenizer, [e.prompt for e in examples])]
+    return encode_prompts(engine.tokenizer, [e.prompt for e in examples])
 
 
 def probe_rows(device: str, batch: int, rows_per_unit: int) -> int:

@@ -64,7 +64,7 @@ from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
 from trainers.es.update_log import UpdateLog, check_noise_device
-from trainers.common.sizing import check_before_choice, prompt_tokens
+from trainers.common.sizing import check_before_choice, prompt_ids
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
@@ -464,7 +464,7 @@ def train(cfg: ESConfig) -> Path:
                        done if cfg.resume else None)
 
     say(fit.line("ES", cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
-                 fit.pace.evaluation(prompt_tokens(engine, held), cfg.max_new_tokens, cfg.gen_batch_size or 32)))
+                 fit.pace.evaluation(prompt_ids(engine, held), cfg.max_new_tokens, cfg.gen_batch_size or 32)))
     if done == 0:
         held_out(0)
     last = done

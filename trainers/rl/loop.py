@@ -31,7 +31,7 @@ from trainers.common.models import compute_dtype, resolve_device
 from trainers.common.progress import RunClock, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples
 from trainers.common.run_dir import RunDir, summarize
-from trainers.common.sizing import check_before_choice, prompt_tokens
+from trainers.common.sizing import check_before_choice, prompt_ids
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
 from trainers.common.progress import bar
@@ -223,7 +223,7 @@ def train(cfg: RLConfig, algorithm) -> Path:
                        done if cfg.resume else None, unit="step")
 
     say(fit.line(algo.name, cfg.env, left, eval_rows, evaluations_left(done, done + left, cfg.eval_every),
-                 fit.pace.evaluation(prompt_tokens(engine, held), cfg.max_new_tokens, cfg.gen_batch_size)))
+                 fit.pace.evaluation(prompt_ids(engine, held), cfg.max_new_tokens, cfg.gen_batch_size)))
     if done == 0:
         held_out(0)
     step = done
