@@ -27,7 +27,7 @@ def prompt_passes(model):
 
 @pytest.fixture(scope="module")
 def double_model(tiny_tokenizer):
-    # float64: a last prompt token computed apart from the rest rounds like one computed with it
+    # float64: computing a prompt's last token apart from the rest rounds too little to change a token
     return build_tiny_model(tiny_tokenizer).double()
 
 
