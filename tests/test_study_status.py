@@ -7,13 +7,13 @@ import pytest
 
 from benchmarks.study import status as study_status
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.plan import plan
+from benchmarks.study.plan import Run, plan
 
 
 def write_record(run, train_s: float, wall_s: float, val: float = 0.5, test: float = 0.5) -> None:
     run.path.mkdir(parents=True)
-    record = {"method": run.method, "setting": run.setting, "seed": run.seed,
-              "validation": {"seconds": train_s, "eval_pass@1": val}, "wall_seconds": wall_s,
+    record = {"method": run.method, "setting": run.setting, "seed": run.seed, "hparams": run.hparams,
+              "validation": {"seconds": train_s, "eval_pass@1": val, "eval_reward": val}, "wall_seconds": wall_s,
               "greedy": {"pass@1": test, "reward_mean": test + 0.01}}
     (run.path / "study_record.json").write_text(json.dumps(record))
 
@@ -112,3 +112,28 @@ def test_the_finished_settings_numbers_so_far_while_the_grid_runs(tmp_path):
         if not (run.path / "study_record.json").is_file():
             write_record(run, 60, 90)
     assert "finished settings so far" not in study_status.status(cfg, tmp_path)
+
+
+def test_a_grid_done_with_its_selection_at_an_edge_names_the_runs_beyond_it_next(tmp_path):
+    """As the driver does, a method whose grid is done and whose selection sits at the grid's edge
+    runs one step beyond it (``--extend-grids``) before the next method: those runs are next, and
+    their time is in the estimate."""
+    cfg = StudyConfig(env="Conciseness-v0", methods="grpo,ppo", lrs="1e-6,1e-5", betas="0", seeds=2, max_samples=512,
+                      extend_grids=1, metric="eval_pass@1")
+    (tmp_path / "study.json").write_text("{}")
+    for run in plan(cfg, tmp_path):
+        if run.method == "grpo":  # the larger lr is better on validation: the top edge
+            write_record(run, 60, 90, val=0.8 if run.hparams["lr"] == 1e-5 else 0.2)
+    text = study_status.status(cfg, tmp_path)
+    assert "next or running: GRPO beta=0_lr=0.0001 seed=0\n" in text  # 1e-5 x (1e-5 / 1e-6)
+    assert "grid 3 min" in text  # its two seeds, 1.5 min each; PPO has no finished run to count
+    beyond = tmp_path / "runs" / "grpo" / "beta=0_lr=0.0001"
+    for seed in (0, 1):
+        write_record(Run("grpo", "beta=0_lr=0.0001", {"beta": 0.0, "lr": 1e-4}, seed, beyond / f"seed={seed}"), 60, 90)
+    write_record(plan(cfg, tmp_path)[4], 60, 90)  # PPO's first run
+    text = study_status.status(cfg, tmp_path)
+    assert "(and 2 beyond the grids' edges)" in text
+    assert "next or running: PPO beta=0_lr=1e-06 seed=1\n" in text  # one round only: PPO's grid comes next
+    # the numbers so far: the setting beyond GRPO's edge after its grid's, before PPO's
+    assert [line.split(",")[0] for line in text.splitlines()[-4:]] == [
+        "  GRPO beta=0_lr=1e-06", "  GRPO beta=0_lr=1e-05", "  GRPO beta=0_lr=0.0001", "  PPO beta=0_lr=1e-06"]

@@ -12,7 +12,8 @@ times their median where its log is on this machine (one paused iteration does n
 either), else its record's sum (a fresh clone has the records only). A curve's first point is its
 grid run (nothing left to do); a segment from budget b0 to b trains (b - b0) / --max-samples times a
 grid run's training and is measured once. Runs that extended a grid beyond its edge
-(``--extend-grids``) are counted once they are on disk (which ones run depends on the selection). A method with no
+(``--extend-grids``) are counted once they are on disk (which ones run depends on the selection); once a
+method's grid is done, the runs its selection extends it by are next, as the driver runs them. A method with no
 finished run yet is left out of the estimate, and the output says so. While the grid runs, it
 also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
 mean test pass@1 and reward.
@@ -29,7 +30,8 @@ from pathlib import Path
 from benchmarks.study.config import LABELS, StudyConfig
 from benchmarks.study.curves import RECORD as CURVE_RECORD
 from benchmarks.study.curves import budgets
-from benchmarks.study.plan import Run, plan
+from benchmarks.study.plan import Run, extension, plan
+from benchmarks.study.record import select
 from benchmarks.study.run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
 from trainers.common.run_dir import read_jsonl
@@ -75,8 +77,7 @@ def status(cfg: StudyConfig, out: Path) -> str:
                 for path in [*(r.path for r in runs), *beyond] if (path / RECORD).is_file()]
     records = [record for record, _ in finished]
     cost = costs(finished)
-    done = {(r["method"], r["setting"], r["seed"]) for r in records}
-    left = [r for r in runs if (r.method, r.setting, r.seed) not in done]
+    left = runs_left(cfg, out, runs, records)
     grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)
 
     points = budgets(cfg)
@@ -122,11 +123,33 @@ def status(cfg: StudyConfig, out: Path) -> str:
     return "\n".join(lines)
 
 
+def runs_left(cfg: StudyConfig, out: Path, runs: list[Run], records: list[dict]) -> list[Run]:
+    """The grid runs not finished, in the driver's order: method by method, each method's grid and
+    then, once that grid is done, the runs one step beyond its edge where its selection sits
+    (``plan.extension``, as the driver adds them: ``--extend-grids`` rounds at most)."""
+    done = {(r["method"], r["setting"], r["seed"]) for r in records}
+    left = []
+    for method in cfg.method_list:
+        todo = [r for r in runs if r.method == method and (r.method, r.setting, r.seed) not in done]
+        while not todo and cfg.extend_grids and any(r["method"] == method for r in records):
+            more = extension(cfg, out, method, records, select(cfg, records, [method])[method]["setting"])
+            todo = [r for r in more if (r.method, r.setting, r.seed) not in done]
+            if not more:
+                break
+        left += todo
+    return left
+
+
 def so_far(runs: list[Run], records: list[dict]) -> list[str]:
     """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
     their mean test pass@1 and reward (greedy); in the plan's order (the study's methods, each
-    method's settings in the grid's order)."""
-    by_setting: dict[tuple[str, str], list[dict]] = {(r.method, r.setting): [] for r in runs}
+    method's settings in the grid's order, then those beyond its edge)."""
+    keys = list(dict.fromkeys((r.method, r.setting) for r in runs))
+    for r in records:
+        key = (r["method"], r["setting"])
+        if key not in keys:  # a setting beyond the grid's edge: after its method's grid
+            keys.insert(max(i for i, k in enumerate(keys) if k[0] == key[0]) + 1, key)
+    by_setting: dict[tuple[str, str], list[dict]] = {key: [] for key in keys}
     for r in sorted(records, key=lambda r: r["seed"]):
         by_setting[r["method"], r["setting"]].append(r)
     lines = []
