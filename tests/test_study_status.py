@@ -7,12 +7,13 @@ import pytest
 
 from benchmarks.study import status as study_status
 from benchmarks.study.config import StudyConfig
-from benchmarks.study.plan import Run, plan
+from benchmarks.study.plan import extension, plan
 
 
 def write_record(run, train_s: float, wall_s: float, val: float = 0.5, test: float = 0.5) -> None:
     run.path.mkdir(parents=True)
     record = {"method": run.method, "setting": run.setting, "seed": run.seed, "hparams": run.hparams,
+              **({"extension": run.extension} if run.extension else {}),
               "validation": {"seconds": train_s, "eval_pass@1": val, "eval_reward": val}, "wall_seconds": wall_s,
               "greedy": {"pass@1": test, "reward_mean": test + 0.01}}
     (run.path / "study_record.json").write_text(json.dumps(record))
@@ -127,9 +128,13 @@ def test_a_grid_done_with_its_selection_at_an_edge_names_the_runs_beyond_it_next
     text = study_status.status(cfg, tmp_path)
     assert "next or running: GRPO beta=0_lr=0.0001 seed=0\n" in text  # 1e-5 x (1e-5 / 1e-6)
     assert "grid 3 min" in text  # its two seeds, 1.5 min each; PPO has no finished run to count
-    beyond = tmp_path / "runs" / "grpo" / "beta=0_lr=0.0001"
-    for seed in (0, 1):
-        write_record(Run("grpo", "beta=0_lr=0.0001", {"beta": 0.0, "lr": 1e-4}, seed, beyond / f"seed={seed}"), 60, 90)
+    [first, second] = extension(cfg, tmp_path, "grpo", [json.loads(p.read_text()) for p in
+                                                        tmp_path.glob("runs/grpo/*/*/study_record.json")],
+                                "beta=0_lr=1e-05")
+    # its first seed done, and worse than the edge: the round still runs its other seed
+    write_record(first, 60, 90, val=0.1)
+    assert "next or running: GRPO beta=0_lr=0.0001 seed=1\n" in study_status.status(cfg, tmp_path)
+    write_record(second, 60, 90, val=0.1)
     write_record(plan(cfg, tmp_path)[4], 60, 90)  # PPO's first run
     text = study_status.status(cfg, tmp_path)
     assert "(and 2 beyond the grids' edges)" in text

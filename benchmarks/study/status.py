@@ -131,11 +131,15 @@ def runs_left(cfg: StudyConfig, out: Path, runs: list[Run], records: list[dict])
     left = []
     for method in cfg.method_list:
         todo = [r for r in runs if r.method == method and (r.method, r.setting, r.seed) not in done]
-        while not todo and cfg.extend_grids and any(r["method"] == method for r in records):
-            more = extension(cfg, out, method, records, select(cfg, records, [method])[method]["setting"])
-            todo = [r for r in more if (r.method, r.setting, r.seed) not in done]
+        # what the driver knew when it extended: the grid's records, then each finished round's
+        known = [r for r in records if r["method"] == method and not r.get("extension")]
+        while not todo and cfg.extend_grids and known:
+            more = extension(cfg, out, method, known, select(cfg, known, [method])[method]["setting"])
             if not more:
                 break
+            todo = [r for r in more if (r.method, r.setting, r.seed) not in done]
+            settings = {r.setting for r in more}
+            known += [r for r in records if r["method"] == method and r["setting"] in settings]
         left += todo
     return left
 
