@@ -20,6 +20,17 @@ import inspect
 import torch
 
 
+def distinct_rows(key: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The distinct rows of ``key (rows, width)`` (left-padded prompts, with a member column where
+    members differ): the first row of each, and the distinct row each row is. The native engine's
+    ``shared_prefill`` and the hf engine's ``shared_prompt_cache`` both find a group's rows so."""
+    n = key.shape[0]
+    _, source = torch.unique(key, dim=0, return_inverse=True)
+    first = torch.full((int(source.max()) + 1,), n, device=key.device).scatter_reduce_(
+        0, source, torch.arange(n, device=key.device), "amin")
+    return first, source
+
+
 def _base(model):
     """The model a PEFT wrapper holds, or ``model``."""
     return model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -57,24 +68,16 @@ def shared_prompt_cache(model, input_ids: torch.Tensor, attention: torch.Tensor)
     then computes every row's prompt itself."""
     from transformers import DynamicCache
 
-    index: dict[tuple, int] = {}  # a distinct row's ids -> its place among the distinct rows
-    firsts: list[int] = []  # the first row of each distinct one: the row computed
-    source: list[int] = []  # the distinct row each row copies
-    for r, key in enumerate(tuple(row) for row in input_ids.tolist()):
-        if key not in index:
-            index[key] = len(firsts)
-            firsts.append(r)
-        source.append(index[key])
-    if len(firsts) == len(source) or input_ids.shape[1] < 2 or not bool(attention[:, -1].all()):
+    first, source = distinct_rows(input_ids)
+    if len(first) == len(source) or input_ids.shape[1] < 2 or not bool(attention[:, -1].all()):
         return None
     if not can_share_prompts(model):
         return None
-    computed = torch.tensor(firsts, device=input_ids.device)
-    ids, mask = input_ids[computed, :-1], attention[computed, :-1]
+    ids, mask = input_ids[first, :-1], attention[first, :-1]
     # generate's own positions for a left-padded batch (GenerationMixin._prepare_position_ids_for_generation)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
     cache = DynamicCache(config=_base(model).config)
     model(input_ids=ids, attention_mask=mask, position_ids=positions, past_key_values=cache, use_cache=True,
           logits_to_keep=1)
-    cache.batch_select_indices(torch.tensor(source, device=input_ids.device))
+    cache.batch_select_indices(source)
     return cache

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from trainers.engines.native.cache import KVCache
+from trainers.engines.prompt_cache import distinct_rows
 
 #: ``config.model_type`` values whose decoder this forward pass reproduces.
 SUPPORTED = ("llama", "qwen2")
@@ -96,12 +97,9 @@ def shared_prefill(decoder: "Decoder", ids: torch.Tensor, valid: torch.Tensor, r
     ``members`` on return (``keep`` as in its ``select``)."""
     n = ids.shape[0]
     key = ids if members is None else torch.cat([ids, members[:, None]], 1)
-    _, source = torch.unique(key, dim=0, return_inverse=True)  # each row's distinct prompt
-    distinct = int(source.max()) + 1
-    if distinct == n:
+    first, source = distinct_rows(key)  # the first row of each prompt, each row's prompt
+    if len(first) == n:
         return prefill(decoder, ids, valid, rope, cache, members, noise, keep)
-    first = torch.full((distinct,), n, device=ids.device).scatter_reduce_(
-        0, source, torch.arange(n, device=ids.device), "amin")  # the first row of each prompt
     logits = prefill(decoder, ids[first], valid[first], rope, cache, None if members is None else members[first],
                      noise, keep)
     cache.spread(source, ids.shape[1])
