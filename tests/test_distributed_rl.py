@@ -118,6 +118,21 @@ def test_two_processes_take_the_steps_of_one(method, extra, tmp_path, tiny_model
     assert [r["samples"] for r in train] == [per_step, 2 * per_step]  # both ranks' responses are counted
 
 
+def test_two_processes_share_their_evaluation_before_training_with_runs_of_two(tmp_path, tiny_model_dir):
+    """``--base-eval`` on two processes: the record one two-process run made is the one the next logs
+    (every process skips the evaluation); a one-process run has its own record."""
+    shared = tmp_path / "base.json"
+    first = ok(torchrun("-m", "trainers.grpo", *rl_args(tiny_model_dir, tmp_path / "first", "--base-eval", str(shared))))
+    assert "made by" not in first.stdout + first.stderr
+    second = ok(torchrun("-m", "trainers.grpo", *rl_args(tiny_model_dir, tmp_path / "second", "--base-eval",
+                                                           str(shared), "--seed", "1", "--lr", "1e-3")))
+    assert f"made by {tmp_path / 'first'} with the same weights" in second.stdout + second.stderr
+    assert log_of(tmp_path / "second")[0] == log_of(tmp_path / "first")[0]
+    assert len(json.loads(shared.read_text())) == 1
+    grpo.main(rl_args(tiny_model_dir, tmp_path / "one", "--base-eval", str(shared)))
+    assert len(json.loads(shared.read_text())) == 2  # one process: another key (its sums' order differs)
+
+
 KILL = """
 import os, signal, sys
 from trainers.rl import loop

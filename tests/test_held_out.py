@@ -75,3 +75,60 @@ def test_distributed_held_out_evaluation_is_shared_across_ranks(tiny_model, tiny
     assert len({tuple(s) for s in shares}) == 3
     total = sum(partial)  # what the all-reduce gives every rank
     assert total[0] / total[2] == alone["pass@1"] and total[1] / total[2] == pytest.approx(alone["reward"])
+
+
+def test_runs_from_the_same_weights_share_their_evaluation_before_training(tmp_path, tiny_model_dir, monkeypatch):
+    """``--base-eval FILE``: the first run evaluates the model before training and adds the record;
+    a run with other hyperparameters, another seed or another trainer logs that record instead of
+    evaluating; other evaluation settings (or weights, or code) make a new record."""
+    import trainers.common.held_out as held_out
+
+    evaluated = []  # the iteration of every evaluation that ran
+    real = held_out.evaluate
+    monkeypatch.setattr(held_out, "evaluate", lambda *a, **k: evaluated.append(k["progress"]) or real(*a, **k))
+    shared = tmp_path / "base.json"
+    es_args = TRAINERS["es"][1] + ["--model", str(tiny_model_dir), "--base-eval", str(shared)]
+
+    def run(trainer, args, name) -> list[dict]:
+        evaluated.clear()
+        trainer.main([*args, "--out", str(tmp_path / name), "--report-to", "none"])
+        return [json.loads(line) for line in (tmp_path / name / "log.jsonl").read_text().splitlines()]
+
+    first = run(es, es_args, "first")
+    assert len(evaluated) == 2  # before training and after
+    [entry] = json.loads(shared.read_text()).values()
+    assert entry["record"] == first[0] and first[0]["iteration"] == 0 and entry["run"] == str(tmp_path / "first")
+
+    other = run(es, es_args + ["--seed", "4", "--alpha", "0.05"], "other")
+    assert len(evaluated) == 1  # after training only
+    assert other[0] == first[0] and [r for r in other if "eval_reward" in r][-1]["iteration"] == 2
+    grpo_args = TRAINERS["grpo"][1] + ["--model", str(tiny_model_dir), "--base-eval", str(shared), "--eval-limit", "5"]
+    rl = run(grpo, grpo_args, "grpo")
+    assert len(evaluated) == 1 and rl[0] == first[0]  # the same weights, examples and decoding
+    assert len(json.loads(shared.read_text())) == 1
+
+    fewer = run(es, es_args + ["--eval-limit", "4"], "fewer")
+    assert len(evaluated) == 2 and fewer[0]["eval_n"] == 4
+    assert len(json.loads(shared.read_text())) == 2
+
+
+def test_the_key_of_an_evaluation_before_training_follows_the_weights_and_settings(tiny_model, tiny_tokenizer):
+    import copy
+
+    import torch
+
+    from trainers.common import base_eval
+
+    cfg = es.resolve(["--env", "Conciseness-v0", "--eval-limit", "5", "--out", "unused"])
+    engine = HFEngine(tiny_model, tiny_tokenizer)
+    key = base_eval.key(cfg, engine, 32, 1)
+    assert base_eval.key(es.resolve(["--env", "Conciseness-v0", "--eval-limit", "5", "--out", "x", "--seed", "9",
+                                     "--alpha", "0.3"]), engine, 32, 1) == key
+    changed = copy.deepcopy(tiny_model)
+    with torch.no_grad():
+        next(changed.parameters()).view(-1)[0] += 1.0
+    assert base_eval.key(cfg, HFEngine(changed, tiny_tokenizer), 32, 1) != key
+    assert base_eval.key(cfg, engine, 16, 1) != key and base_eval.key(cfg, engine, 32, 2) != key
+    for flag, value in (("--max-new-tokens", "5"), ("--eval-split", "train"), ("--env-args", '{"n": 3}')):
+        other = es.resolve(["--env", "Conciseness-v0", "--eval-limit", "5", "--out", "unused", flag, value])
+        assert base_eval.key(other, engine, 32, 1) != key, flag

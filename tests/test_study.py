@@ -86,6 +86,10 @@ def test_tiny_study_writes_every_output_with_all_five_methods(tmp_path, tiny_mod
     assert "| Test SE (prompts) | From the base |" in table1
     # weights are deleted once measured; logs stay
     assert not list(out.glob("runs/*/*/*/final")) and len(list(out.glob("runs/*/*/*/log.jsonl"))) == 16
+    # the runs' evaluation before training: made once per method at most, logged by every run
+    shared = [e["record"] for e in json.loads((out / "evals" / study_plan.BASE_EVAL).read_text()).values()]
+    firsts = [json.loads(path.read_text().splitlines()[0]) for path in out.glob("runs/*/*/*/log.jsonl")]
+    assert all(first["iteration"] == 0 and first in shared for first in firsts) and len(shared) <= 5
     # the report is re-rendered from results.json alone, to the same files
     written = {name: (out / name).read_text() for name in ("table1.md", "table2.md", "runs.md", "seed_variance.md")}
     for path in out.glob("runs/*/*/*/log.jsonl"):

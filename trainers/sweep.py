@@ -22,7 +22,9 @@ validation``), never on the reported one.
 Every flag that is not the sweep's own goes to the trainer (``python -m trainers.grpo --help``):
 ``--report-to wandb`` tracks every run, in one group named as the sweep's directory (``--report-group``
 names another).
-Runs are written to OUT/beta=B_lr=L/ (their config.yaml records val_size and eval_split).
+Runs are written to OUT/beta=B_lr=L/ (their config.yaml records val_size and eval_split). They
+start from the same model, so the first run's validation before training is the others' too
+(OUT/base_held_out.json, ``--base-eval``).
 Repeating the command skips finished runs and resumes unfinished ones. The selection and the
 selected run's test numbers are in OUT/sweep.json; the selected run is linked as OUT/best. The
 other runs keep their logs but their weights are deleted, unless --keep-all.
@@ -171,6 +173,8 @@ def sweep(argv: list[str] | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     if not any(flag.split("=")[0] == "--report-group" for flag in rest):  # --report-to's runs: one group per sweep
         rest = rest + ["--report-group", out.name]
+    if not any(flag.split("=")[0] == "--base-eval" for flag in rest):  # the base model's validation, made once
+        rest = rest + ["--base-eval", str(out / "base_held_out.json")]
     grid = [(beta, lr) for beta in args.betas for lr in args.lrs]
     for k, (beta, lr) in enumerate(grid, 1):
         path = out / run_name(beta, lr)

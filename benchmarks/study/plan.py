@@ -14,6 +14,9 @@ from trainers.common.config import ConfigError
 from trainers.common.splits import MIN_VALIDATION, VALIDATION, WithValidation, measured_split_counts
 from trainers.engines import ENGINE_FIELDS
 
+#: The file under OUT/evals/ of the validation before training the study's runs share (not committed).
+BASE_EVAL = "base_held_out.json"
+
 @dataclass
 class Run:
     method: str
@@ -157,11 +160,13 @@ def trainer_argv(cfg: StudyConfig, run: Run, prompts: int, validation: list[str]
     """The trainer flags of ``run``: ``budget`` training responses (default ``--max-samples``), a
     checkpoint every ``checkpoint_every`` steps (default: ES at its end, RL every quarter). Every run
     takes the paper's preset where the study sets nothing (``--preset paper``: the size is the
-    study's), and with ``--report-to`` belongs to the study's tracking group."""
+    study's), and with ``--report-to`` belongs to the study's tracking group. The runs share their
+    validation before training (``--base-eval``: made once for the runs whose weights and
+    evaluation settings are the same: every method's, from one base model on one engine)."""
     budget = budget or cfg.max_samples
     argv = ["--env", cfg.env, "--model", cfg.model, "--seed", str(run.seed), "--out", str(run.path),
             "--max-samples", str(budget), "--batch-size", str(prompts), "--eval-every", "0", *validation,
-            "--preset", "paper"]
+            "--preset", "paper", "--base-eval", str(run.path.parents[3] / "evals" / BASE_EVAL)]
     if cfg.report_to is not None:
         argv += ["--report-to", cfg.report_to, "--report-group", study_group(run)]
     for name in ("max_new_tokens", "eval_limit", "env_args", "device", "dtype", *ENGINE_FIELDS):

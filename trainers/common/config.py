@@ -239,6 +239,10 @@ class TrainConfig(EngineOptions, LoraOptions):
     eval_every: int = field(default=10, metadata={"help": "held-out pass@1 every K iterations (0: only start and end)"})
     eval_split: str = field(default="test", metadata={"help": "split for held-out evaluation"})
     eval_limit: int | None = field(default=None, metadata={"help": "evaluate on the first K held-out examples only"})
+    base_eval: str | None = field(default=None, metadata={
+        "help": "JSON file runs from one base model share: the held-out evaluation before training is read from it "
+                "where a run made it with the same weights, settings, code and machine, else made and added "
+                "(trainers.sweep and studies pass one)"})
     checkpoint_every: int = field(default=50, metadata={"help": "save a checkpoint every K iterations"})
     max_samples: int | None = field(default=None, metadata={"help": "sample budget: generated training responses a run never exceeds "
                                                                    "(an iteration or step starts only if it fits)"})
@@ -275,6 +279,7 @@ class TrainConfig(EngineOptions, LoraOptions):
         check(self.gen_batch_size is None or self.gen_batch_size >= 1, "gen_batch_size", "must be >= 1")
         check(self.max_samples is None or self.max_samples >= 1, "max_samples", "must be >= 1")
         check(self.val_size is None or self.val_size >= 1, "val_size", "must be >= 1")
+        check(self.base_eval is None or not Path(self.base_eval).is_dir(), "base_eval", "is a directory: name a JSON file")
         if self.dtype is None:  # config.yaml of runs recorded before --dtype auto
             self.dtype = "auto"
         check(self.dtype in DTYPE_CHOICES, "dtype", f"{self.dtype!r} is not one of {', '.join(DTYPE_CHOICES)}")

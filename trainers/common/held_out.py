@@ -1,10 +1,13 @@
 """The held-out evaluation a training run logs: pass@1 and mean reward on ``--eval-split``, each
-process evaluating its share of the examples (the sums all-reduced), recorded in the run's log."""
+process evaluating its share of the examples (the sums all-reduced), recorded in the run's log;
+the one before training read from ``--base-eval``'s file where another run made it
+(``trainers.common.base_eval``)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+from trainers.common import base_eval
 from trainers.common.episodes import check_command, cut_short, episode_line
 from trainers.common.progress import RunClock
 from trainers.common.rollout import evaluate
@@ -22,10 +25,14 @@ class HeldOut:
         self.evaluated = {r["iteration"] for r in run.read_log() if "eval_reward" in r and r["iteration"] <= done} \
             if done is not None else set()
         self.warned = False  # the first-turn warning is said once per run
+        self.base_key: str | None = None  # process 0, with --base-eval: the key of the record before training
 
     def __call__(self, iteration: int) -> dict[str, float]:
         cfg, clock = self.cfg, self.clock
         self.evaluated.add(iteration)
+        shared = self.shared_base() if iteration == 0 and getattr(cfg, "base_eval", None) else None
+        if shared is not None:
+            return self.reuse(*shared)
         self.dist.phase = f"the held-out evaluation of {self.unit} {iteration}"
         scores = evaluate(self.engine, self.scorer, cfg.eval_split, cfg.max_new_tokens, self.batch_size,
                           cfg.eval_limit, self.dist.rank, self.dist.world, self.dist.sum,
@@ -37,6 +44,8 @@ class HeldOut:
         if tally is not None:
             record |= {f"eval_{k}": v for k, v in tally.means().items()}
         self.run.log(record, iteration)
+        if iteration == 0 and self.base_key is not None:
+            base_eval.BaseEvals(cfg.base_eval).put(self.base_key, record, str(self.run.path))
         short = "iter" if self.unit == "iteration" else self.unit
         self.say(f"[{short} {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, "
                  f"reward {scores['reward']:.4f}" + (episode_line(tally) if tally is not None else ""))
@@ -47,4 +56,24 @@ class HeldOut:
             self.say(f"[{short} {iteration}] held-out: {warning}")
             self.warned = True
         self.dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
+        return record
+
+    def shared_base(self) -> tuple[dict, str] | None:
+        """The record before training another run made of these weights under these settings (process
+        0 reads ``--base-eval``'s file; every process gets its answer), with that run's directory."""
+        entry = None
+        if self.dist.is_main:  # every process holds the whole model it generates with (RL's FSDP2 too)
+            self.base_key = base_eval.key(self.cfg, self.engine, self.batch_size, self.dist.world)
+            entry = base_eval.BaseEvals(self.cfg.base_eval).get(self.base_key)
+        entry = self.dist.from_main(entry)
+        return None if entry is None else (entry["record"], entry["run"])
+
+    def reuse(self, record: dict, made_by: str) -> dict[str, float]:
+        """Log ``record``, the evaluation before training ``made_by`` (a run directory) made."""
+        self.run.log(record, 0)
+        short = "iter" if self.unit == "iteration" else self.unit
+        self.say(f"[{short} 0] held-out {self.cfg.eval_split}: pass@1 {record['eval_pass@1']:.3f}, "
+                 f"reward {record['eval_reward']:.4f} (made by {made_by} with the same weights and settings: "
+                 f"--base-eval {self.cfg.base_eval})")
+        self.dist.wait_for_main()
         return record
