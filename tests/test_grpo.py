@@ -390,7 +390,10 @@ def test_sweep_selects_on_validation_and_reports_test_for_the_selected_run_only(
         config = yaml.safe_load((out / k / "config.yaml").read_text())
         assert (config["val_size"], config["eval_split"], config["algorithm"]) == (8, "validation", "grpo")
     *during, last = evaluated
-    assert len(during) == 2 * len(runs) and all(split == "validation" for split, _ in during)
+    # each run's final model, and the base model once: the other runs log the first one's record of it
+    assert len(during) == len(runs) + 1 and all(split == "validation" for split, _ in during)
+    [shared] = json.loads((out / "base_held_out.json").read_text()).values()
+    assert all(json.loads((out / k / "log.jsonl").read_text().splitlines()[0]) == shared["record"] for k in runs)
     validation = during[0][1]
     assert len(validation) == 8 and all(ids == validation for _, ids in during)  # the same 8 for every run
     assert validation <= {f"train-{i}" for i in range(24)}
