@@ -30,7 +30,7 @@ class HeldOut:
     def __call__(self, iteration: int) -> dict[str, float]:
         cfg, clock = self.cfg, self.clock
         self.evaluated.add(iteration)
-        shared = self.shared_base() if iteration == 0 and getattr(cfg, "base_eval", None) else None
+        shared = self.shared_base() if iteration == 0 and cfg.base_eval else None
         if shared is not None:
             return self.reuse(*shared)
         self.dist.phase = f"the held-out evaluation of {self.unit} {iteration}"
