@@ -501,8 +501,15 @@ def test_an_rl_runs_last_step_is_checkpointed():
 def test_options_added_after_a_study_started_do_not_stop_its_resume():
     saved = {"env": "Conciseness-v0", "seeds": 4}
     assert study_config.changed_options(saved, {**saved, "extend_grids": 0, "rule_commit": None}) == []
-    assert study_config.changed_options(saved, {**saved, "extend_grids": 1}) == ["extend_grids"]
+    assert study_config.changed_options(saved, {**saved, "rule_commit": "ce3ba26"}) == ["rule_commit"]
     assert study_config.changed_options(saved, {**saved, "seeds": 2}) == ["seeds"]
+
+
+def test_a_resumed_study_may_raise_its_grid_extensions_until_its_curves_start():
+    saved = {"env": "Conciseness-v0", "seeds": 4, "extend_grids": 1}
+    assert study_config.changed_options(saved, {**saved, "extend_grids": 2}) == []
+    assert study_config.changed_options(saved, {**saved, "extend_grids": 0}) == ["extend_grids"]
+    assert study_config.changed_options(saved, {**saved, "extend_grids": 2}, curves_started=True) == ["extend_grids"]
 
 
 def git_repo(path: Path) -> callable:

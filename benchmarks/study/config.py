@@ -87,7 +87,7 @@ class StudyConfig(EngineOptions):
     extend_grids: int = field(default=0, metadata={
         "help": "rounds each method's step-size grid may be extended: where its selected setting sits at the "
                 "grid's edge, one more step beyond that edge (by the edge's own factor) runs on every seed and the "
-                "setting is selected again (0: never)"})
+                "setting is selected again (0: never); a resumed study may raise it until its curves start"})
     rule_commit: str | None = field(default=None, metadata={
         "help": "the git commit that holds the study's pre-registered rule (benchmarks/study/verdicts.py), "
                 "recorded in study.json and every run's record; it must be in this checkout's history"})
@@ -213,10 +213,20 @@ def identity(cfg: StudyConfig) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items() if k not in ("out", "keep_weights", *checks, *INVOCATION, *lora)}
 
 
-def changed_options(previous: dict[str, Any], own: dict[str, Any]) -> list[str]:
+#: Options a resumed study may raise until its learning curves start: more rounds of grid extension
+#: add runs beyond the grids' edges and change none that is done (the curves follow the selections).
+MAY_RISE = ("extend_grids",)
+
+
+def changed_options(previous: dict[str, Any], own: dict[str, Any], curves_started: bool = False) -> list[str]:
     """The options whose values differ between a study's saved identity and this invocation's; an
-    option added after the study started (absent from ``previous``) counts only when set off its default."""
+    option added after the study started (absent from ``previous``) counts only when set off its default,
+    and one of ``MAY_RISE`` raised before the curves started does not count."""
     defaults = {f.name: f.default for f in fields(StudyConfig)}
+
+    def raised(k: str) -> bool:
+        return k in MAY_RISE and not curves_started and own.get(k, 0) >= previous.get(k, 0)
+
     return sorted(k for k in previous.keys() | own.keys() if previous.get(k) != own.get(k)
-                  and not (k not in previous and own.get(k) == defaults.get(k)))
+                  and not (k not in previous and own.get(k) == defaults.get(k)) and not raised(k))
 

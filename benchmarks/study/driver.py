@@ -111,7 +111,7 @@ def study(cfg: StudyConfig) -> Path:
     settle_study_runtime(cfg, previous, dist)  # dtype and engine: process 0 decides, every process gets it
     own = identity(cfg)
     if previous is not None:
-        changed = changed_options(previous, own)
+        changed = changed_options(previous, own, curves_started=any(out.glob("curves/**/curve_record.json")))
         if changed:
             raise ConfigError(f"--out {out}: holds a study with other options ({', '.join(changed)}); "
                               f"use another --out, or the same options to resume it")
