@@ -44,6 +44,7 @@ import numpy as np
 import yaml
 
 import llm_envs
+from trainers.common import base_eval
 from trainers.common.config import USER_ERRORS, ConfigError, Parser, fail, make_env
 from trainers.common.models import load_model
 from trainers.common.rollout import evaluate
@@ -174,7 +175,7 @@ def sweep(argv: list[str] | None = None) -> Path:
     if not any(flag.split("=")[0] == "--report-group" for flag in rest):  # --report-to's runs: one group per sweep
         rest = rest + ["--report-group", out.name]
     if not any(flag.split("=")[0] == "--base-eval" for flag in rest):  # the base model's validation, made once
-        rest = rest + ["--base-eval", str(out / "base_held_out.json")]
+        rest = rest + ["--base-eval", str(out / base_eval.FILE)]
     grid = [(beta, lr) for beta in args.betas for lr in args.lrs]
     for k, (beta, lr) in enumerate(grid, 1):
         path = out / run_name(beta, lr)

@@ -12,10 +12,8 @@ from typing import Any
 from benchmarks.study.config import INVOCATION, LABELS, StudyConfig
 from trainers.common.config import ConfigError
 from trainers.common.splits import MIN_VALIDATION, VALIDATION, WithValidation, measured_split_counts
+from trainers.common.base_eval import FILE as BASE_EVAL  # under OUT/evals/, not committed
 from trainers.engines import ENGINE_FIELDS
-
-#: The file under OUT/evals/ of the validation before training the study's runs share (not committed).
-BASE_EVAL = "base_held_out.json"
 
 @dataclass
 class Run:

@@ -28,6 +28,9 @@ from trainers.common.files import atomic_write
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint
 
+#: The file's name where a study or a sweep keeps it (in its own directory).
+FILE = "base_held_out.json"
+
 #: The config fields an evaluation before training depends on (beside the weights, which are hashed).
 EVAL_FIELDS = ("env", "env_args", "eval_split", "eval_limit", "max_new_tokens", "val_size", "val_carve", "device",
                "dtype")
@@ -69,9 +72,7 @@ class BaseEvals:
     def _read(self) -> dict[str, Any]:
         try:
             data = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return {}
-        except (OSError, json.JSONDecodeError):  # a damaged file: records are made again
+        except (OSError, json.JSONDecodeError):  # none yet, or damaged: records are made again
             return {}
         return data if isinstance(data, dict) else {}
 

@@ -46,14 +46,12 @@ class HeldOut:
         self.run.log(record, iteration)
         if iteration == 0 and self.base_key is not None:
             base_eval.BaseEvals(cfg.base_eval).put(self.base_key, record, str(self.run.path))
-        short = "iter" if self.unit == "iteration" else self.unit
-        self.say(f"[{short} {iteration}] held-out {cfg.eval_split}: pass@1 {scores['pass@1']:.3f}, "
-                 f"reward {scores['reward']:.4f}" + (episode_line(tally) if tally is not None else ""))
+        self.say(self.line(record) + (episode_line(tally) if tally is not None else ""))
         warning = tally is not None and not self.warned and cut_short(
             tally, cfg.max_new_tokens, self.scorer.env.stop_strings,
             check_command(cfg.env, cfg.env_args, cfg.model, cfg.max_new_tokens))
         if warning:
-            self.say(f"[{short} {iteration}] held-out: {warning}")
+            self.say(f"[{self.short} {iteration}] held-out: {warning}")
             self.warned = True
         self.dist.wait_for_main()  # rank 0 logged (TensorBoard's first import takes seconds)
         return record
@@ -71,9 +69,16 @@ class HeldOut:
     def reuse(self, record: dict, made_by: str) -> dict[str, float]:
         """Log ``record``, the evaluation before training ``made_by`` (a run directory) made."""
         self.run.log(record, 0)
-        short = "iter" if self.unit == "iteration" else self.unit
-        self.say(f"[{short} 0] held-out {self.cfg.eval_split}: pass@1 {record['eval_pass@1']:.3f}, "
-                 f"reward {record['eval_reward']:.4f} (made by {made_by} with the same weights and settings: "
-                 f"--base-eval {self.cfg.base_eval})")
+        self.say(self.line(record) + f" (made by {made_by} with the same weights and settings: "
+                                     f"--base-eval {self.cfg.base_eval})")
         self.dist.wait_for_main()
         return record
+
+    @property
+    def short(self) -> str:
+        return "iter" if self.unit == "iteration" else self.unit
+
+    def line(self, record: dict) -> str:
+        """What the run says of a held-out ``record``."""
+        return (f"[{self.short} {record['iteration']}] held-out {self.cfg.eval_split}: pass@1 "
+                f"{record['eval_pass@1']:.3f}, reward {record['eval_reward']:.4f}")
