@@ -142,3 +142,28 @@ def test_a_grid_done_with_its_selection_at_an_edge_names_the_runs_beyond_it_next
     # the numbers so far: the setting beyond GRPO's edge after its grid's, before PPO's
     assert [line.split(",")[0] for line in text.splitlines()[-4:]] == [
         "  GRPO beta=0_lr=1e-06", "  GRPO beta=0_lr=1e-05", "  GRPO beta=0_lr=0.0001", "  PPO beta=0_lr=1e-06"]
+
+
+def test_a_method_with_only_a_started_run_is_estimated_provisionally(cfg, tmp_path):
+    """PPO has no finished run but one started, with 3 iterations logged: its runs are estimated
+    from their median (one paused iteration does not decide it) times the run's 8 steps, plus the
+    other methods' median start-up and measuring; the output says the figure is provisional."""
+    (tmp_path / "study.json").write_text("{}")
+    runs = plan(cfg, tmp_path)
+    for run in runs[:3]:  # GRPO: 60 s training, 30 s the rest
+        write_record(run, 60, 90)
+    started = runs[3]
+    started.path.mkdir(parents=True)
+    (started.path / "config.yaml").write_text("steps: 8\nmax_samples: 512\n")
+    log = [{"iteration": 0, "eval_pass@1": 0.0},
+           *({"iteration": i, "reward_mean": 0.0, "seconds": s} for i, s in enumerate([45, 900, 45], 1))]
+    (started.path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+    text = study_status.status(cfg, tmp_path)
+    assert "estimated from the finished runs (PPO provisionally, from a started run): grid " \
+           f"{study_status.hours(3 * (8 * 45 + 30))}," in text
+    assert "PPO: runs done 0, per run (provisional, from 3 logged iterations of a started run) 6.0 min training + " \
+           "0.5 min start-up and measuring (the other methods' median)" in text
+    assert "no finished run to estimate from" not in text
+    # a started run with no iteration logged yet gives nothing to estimate from
+    (started.path / "log.jsonl").write_text(json.dumps(log[0]) + "\n")
+    assert "without PPO (no finished run to estimate from)" in study_status.status(cfg, tmp_path)

@@ -14,7 +14,9 @@ grid run (nothing left to do); a segment from budget b0 to b trains (b - b0) / -
 grid run's training and is measured once. Runs that extended a grid beyond its edge
 (``--extend-grids``) are counted once they are on disk (which ones run depends on the selection); once a
 method's grid is done, the runs its selection extends it by are next, as the driver runs them. A method with no
-finished run yet is left out of the estimate, and the output says so. While the grid runs, it
+finished run but a started one is estimated provisionally: its logged iterations' median times the
+run's iterations, plus the other methods' median start-up and measuring (the same model, measured the
+same way); the output marks it. A method with neither is left out of the estimate, and the output says so. While the grid runs, it
 also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
 mean test pass@1 and reward.
 """
@@ -60,6 +62,22 @@ def costs(finished: list[tuple[dict, Path]]) -> dict[str, Cost]:
             for m, cs in by_method.items()}
 
 
+def provisional(runs: list[Run], cost: dict[str, Cost]) -> dict[str, tuple[Cost, int]]:
+    """A ``Cost`` for each method with no finished run but a started one whose log has iterations
+    (see the module docstring), with the number of iterations it rests on."""
+    others = [c.other for c in cost.values()]
+    started: dict[str, tuple[Cost, int]] = {}
+    for run in runs:
+        if run.method in cost or run.method in started or not (run.path / "config.yaml").is_file():
+            continue
+        its = [r["seconds"] for r in read_jsonl(run.path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+        total = iterations(run.path)[1]
+        if its and total:
+            started[run.method] = (Cost(total * statistics.median(its), statistics.median(others) if others else 0.0),
+                                   len(its))
+    return started
+
+
 def measured_budgets(out: Path, method: str, seed: int) -> set[int]:
     """The budgets already measured on the curve of ``method``'s selected setting, ``seed``."""
     files = list((out / "curves" / method).glob(f"*/seed={seed}/{CURVE_RECORD}"))
@@ -77,6 +95,8 @@ def status(cfg: StudyConfig, out: Path) -> str:
                 for path in [*(r.path for r in runs), *beyond] if (path / RECORD).is_file()]
     records = [record for record, _ in finished]
     cost = costs(finished)
+    guessed = provisional(runs, cost)
+    cost |= {method: c for method, (c, _) in guessed.items()}
     left = runs_left(cfg, out, runs, records)
     grid_left = sum(cost[r.method].train + cost[r.method].other for r in left if r.method in cost)
 
@@ -108,13 +128,20 @@ def status(cfg: StudyConfig, out: Path) -> str:
     if complete:
         lines.append("nothing left: the same command renders the report")
     else:
-        lines.append(f"time left on this machine, estimated from the finished runs: grid {hours(grid_left)}"
+        lines.append("time left on this machine, estimated from the finished runs"
+                     + (f" ({', '.join(LABELS[m] for m in guessed)} provisionally, from a started run)" if guessed else "")
+                     + f": grid {hours(grid_left)}"
                      + (f", curves {hours(curve_left)}, total {hours(grid_left + curve_left)}" if points else "")
                      + ("" if len(counted) == len(cfg.method_list) else
                         f"; without {', '.join(LABELS[m] for m in cfg.method_list if m not in cost)} "
                         f"(no finished run to estimate from)"))
     for method in counted:
         c, n = cost[method], sum(r["method"] == method for r in records)
+        if method in guessed:
+            lines.append(f"  {LABELS[method]}: runs done 0, per run (provisional, from {guessed[method][1]} logged "
+                         f"iterations of a started run) {c.train / 60:.1f} min training + {c.other / 60:.1f} min "
+                         "start-up and measuring (the other methods' median)")
+            continue
         lines.append(f"  {LABELS[method]}: runs done {n}, per run (median) {c.train / 60:.1f} min training + "
                      f"{c.other / 60:.1f} min start-up and measuring")
     if left and records:
@@ -169,13 +196,17 @@ def so_far(runs: list[Run], records: list[dict]) -> list[str]:
     return lines
 
 
+def iterations(path: Path) -> tuple[str, int | None]:
+    """A started run's unit ("iterations" for ES, "steps" for RL) and how many it trains, from its config."""
+    saved = load_yaml(path / "config.yaml")
+    return ("iterations", saved.get("iterations")) if "iterations" in saved else ("steps", saved.get("steps"))
+
+
 def progress(path: Path) -> str:
     """How far a started run's log goes, e.g. " (3 of 8 iterations logged)"; "" for a run not started."""
-    config = path / "config.yaml"
-    if not config.is_file():
+    if not (path / "config.yaml").is_file():
         return ""
-    saved = load_yaml(config)
-    unit, total = ("iterations", saved.get("iterations")) if "iterations" in saved else ("steps", saved.get("steps"))
+    unit, total = iterations(path)
     logged = sum("reward_mean" in r for r in read_jsonl(path / "log.jsonl"))
     return f" ({logged} of {total} {unit} logged)"
 
