@@ -493,6 +493,30 @@ def test_the_extension_is_one_step_beyond_the_edge_by_the_edges_factor(tmp_path)
     assert study_plan.extension(cfg, tmp_path, "grpo", records + added, "beta=0_lr=1.2e-05") == []  # inside
 
 
+def test_a_grid_tied_at_its_edge_is_extended_once_at_most(tmp_path):
+    """Where every setting ties on validation (a method that learned nothing), the selection keeps the
+    grid's first setting (its bottom edge): one round runs below it, and the tie then leaves that
+    setting inside the grid, so no further round runs whatever --extend-grids allows."""
+    from benchmarks.study.record import select
+
+    cfg = study.StudyConfig(env="Conciseness-v0", methods="grpo", seeds=2, betas="0", lrs="4e-6,1.2e-5,3.6e-5",
+                            extend_grids=3, metric="eval_pass@1")
+    cfg.validate()
+
+    def records(runs):
+        return [{"method": r.method, "setting": r.setting, "hparams": r.hparams, "seed": r.seed,
+                 **({"extension": r.extension} if r.extension else {}),
+                 "validation": {"eval_pass@1": 0.0, "eval_reward": 0.0}} for r in runs]
+    grid = records(study_plan.plan(cfg, tmp_path))
+    selected = select(cfg, grid)["grpo"]["setting"]
+    assert selected == "beta=0_lr=4e-06"
+    below = study_plan.extension(cfg, tmp_path, "grpo", grid, selected)
+    assert {r.setting for r in below} == {"beta=0_lr=1.33333e-06"} and below[0].extension["edge"] == "bottom"
+    both = grid + records(below)
+    assert select(cfg, both)["grpo"]["setting"] == "beta=0_lr=4e-06"
+    assert study_plan.extension(cfg, tmp_path, "grpo", both, "beta=0_lr=4e-06") == []
+
+
 def test_an_rl_runs_last_step_is_checkpointed():
     """A learning curve continues a grid run from its last checkpoint: the interval divides the steps."""
     assert [study_plan.quarter(s) for s in (8, 9, 10, 3, 1)] == [2, 1, 2, 1, 1]
