@@ -307,6 +307,23 @@ def test_the_question_line_names_the_rules_commit_for_a_near_zero_study():
     assert QUESTION not in headline.headline([study({"es_full": {"a": UP}, "grpo": {"x": BASE5}})])  # base 0.5
 
 
+def test_the_question_line_says_when_the_rule_changed_after_its_commit():
+    """The commit before the newest change to verdicts.py: that change is named; from the newest
+    change itself, none (a copy without git history names none either)."""
+    import subprocess
+
+    log = subprocess.run(["git", "log", "-1", "--format=%H", "--", "benchmarks/study/verdicts.py"],
+                         capture_output=True, text=True)
+    if log.returncode != 0 or not log.stdout.strip():
+        pytest.skip("no git history here")
+    newest = log.stdout.strip()
+    assert newest[:7] in " ".join(headline.amendments(newest + "^"))
+    assert headline.amendments(newest) == []
+    s = study({"es_full": {"a": UP}, "grpo": {"x": BASE5}}, base=0.05)
+    s.results["config"]["rule_commit"] = newest + "^"
+    assert "; `verdicts.py` changed since in " in headline.headline([s])
+
+
 def test_a_verdict_over_several_machines_must_hold_on_each_alone():
     """Seeds 0-1 trained on one CPU and seeds 2-3 on another: pooled, ES is ahead at p = 0.029; on each
     machine alone 2 seeds a side cannot show it, so the verdict is "not shown"."""
@@ -321,3 +338,19 @@ def test_a_verdict_over_several_machines_must_hold_on_each_alone():
     for r in s.results["runs"]:
         r["machines"] = [{"cpu": "A", "cpu_bf16_units": "x", "threads": 2 + r["seed"]}]
     assert per_machine(claim_budget)(s).verdict == "held"
+
+
+def test_a_machine_with_no_run_at_a_selected_setting_abstains():
+    """Round three's first 7 runs, all at settings not selected, trained on another CPU: nothing the
+    verdict compares trained there, so that machine neither holds nor vetoes it; a machine with selected
+    runs of one side only still makes it "not shown" (the comparison would span machines)."""
+    s = study({"es_full": {"sigma=0.001_alpha=0.0045": [0.9, 0.91, 0.89, 0.9], "sigma=0.001_alpha=0.0015": FLAT},
+               "grpo": {"lr=1e-05": [0.6, 0.61, 0.59, 0.6]}})
+    for r in s.results["runs"]:
+        other = r["setting"] == "sigma=0.001_alpha=0.0015"
+        r["machines"] = [{"cpu": "B" if other else "A", "cpu_bf16_units": "x", "threads": 2}]
+    found = per_machine(claim_budget)(s)
+    assert found.verdict == "held" and "The runs trained on 2 machines" in found.numbers
+    assert "on CPU B (bf16 units: x) (4 runs): none at a selected setting, so it abstains" in found.numbers
+    s.results["runs"][0]["machines"] = [{"cpu": "B", "cpu_bf16_units": "x", "threads": 2}]  # a selected ES seed
+    assert per_machine(claim_budget)(s).verdict == "not shown"

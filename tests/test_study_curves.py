@@ -92,6 +92,38 @@ def test_a_curve_whose_grid_run_kept_nothing_retrains_it_and_says_so(tmp_path, t
     assert "The verdicts read the grid's runs at this budget." in text
 
 
+def test_a_curve_continues_a_selected_setting_beyond_the_grids_edge(tmp_path, tiny_model_dir, one_thread,
+                                                                     monkeypatch):
+    """A grid extended beyond its edge (--extend-grids) whose extension wins the selection: the
+    extension's RL checkpoint is kept through the release after each batch (the grid's are dropped),
+    and the curve continues that run. The selection is forced to the extension, as a tiny model's
+    validation scores cannot be steered."""
+    from benchmarks.study import record as study_record
+
+    def prefer_extension(cfg, records, methods=None):
+        chosen = study_record.select(cfg, records, methods)
+        for method in chosen:
+            beyond = [r["setting"] for r in records if r["method"] == method and r.get("extension")]
+            if beyond:
+                chosen[method]["setting"] = beyond[0]
+        return chosen
+    monkeypatch.setattr(study, "select", prefer_extension)
+    out = tmp_path / "study"
+    study.main(curve_argv(out, tiny_model_dir, "--methods", "grpo", "--lrs", "1e-3,1e-4", "--extend-grids", "1",
+                          "--curve-budgets", "32"))
+    results = json.loads((out / "results.json").read_text())
+    [beyond] = {r["setting"] for r in results["runs"] if r.get("extension")}
+    assert results["selection"]["grpo"]["setting"] == beyond
+    points = {p["budget"]: p for p in json.loads((out / "curves.json").read_text())["points"]}
+    assert points[16]["setting"] == points[32]["setting"] == beyond and points[16].get("grid_run")
+    run_log = (out / "runs" / "grpo" / beyond / "seed=0" / "log.jsonl").read_text().splitlines()
+    curve_log = (out / "curves" / "grpo" / beyond / "seed=0" / "log.jsonl").read_text().splitlines()
+    assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log)  # continued, not retrained
+    assert not list(out.glob("runs/*/*/*/checkpoints"))
+    # claim 1 pairs an ES method with an RL method: with GRPO alone, untested, said in one line
+    assert "Claim 1 at 32 responses: untested. The study has RL methods only." in (out / "learning_curve.md").read_text()
+
+
 def test_a_hand_over_cut_short_is_finished_and_a_grid_run_without_its_state_is_not_handed_over(tmp_path):
     import shutil
 

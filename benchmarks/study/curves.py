@@ -417,7 +417,12 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
     repeats = repeats_grid(where, records, first)
     caught = catch_up(judged, first, last, where)
     verdicts = []
+    sides = {is_es(m) for m in cfg.method_list}
     for budget in budgets(cfg):
+        if len(sides) < 2:  # claim 1 pairs an ES method with an RL method
+            verdicts.append(f"Claim 1 at {budget} responses: untested. The study has {'ES' if True in sides else 'RL'} "
+                            f"methods only.")
+            continue
         verdict, numbers = per_machine(claim_budget)(study_at(budget, judged, base, out))
         verdicts.append(f"Claim 1 at {budget} responses: {verdict}. {numbers}.")
     table.notes = [f"Base model: test pass@1 {100 * base['greedy']['pass@1']:.1f} %, reward "

@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 from pathlib import Path
 
 from benchmarks.study.report import numerics, pm
@@ -149,9 +150,22 @@ def question_lines(studies: list[Study]) -> list[str]:
     for s in (s for s in studies if near_zero(s)):
         found = per_machine(claim_near_zero)(s)
         commit = s.results["config"].get("rule_commit")
-        rule = f" (rule pre-registered in commit {commit[:12]})" if commit else " (no pre-registered rule commit recorded)"
+        since = amendments(commit) if commit else []
+        rule = (f" (rule pre-registered in commit {commit[:12]}"
+                + (f"; `verdicts.py` changed since in {', '.join(since)}" if since else "") + ")"
+                if commit else " (no pre-registered rule commit recorded)")
         out.append(f"- **{QUESTION} {found.verdict}.** {s.env}: {found.numbers}{rule}.")
     return out
+
+
+def amendments(commit: str) -> list[str]:
+    """The commits after ``commit`` that changed ``benchmarks/study/verdicts.py``, short ids, oldest
+    first, so the question's line says whether the rule it applies is the one pre-registered
+    (none where git or the commit is not at hand: a copy without history)."""
+    here = Path(__file__).resolve().parent
+    found = subprocess.run(["git", "log", "--reverse", "--format=%h", f"{commit}..HEAD", "--", "verdicts.py"],
+                           capture_output=True, text=True, cwd=here)
+    return found.stdout.split() if found.returncode == 0 else []
 
 
 def curve_line(study: Study, curves: dict, page_dir: Path) -> str:

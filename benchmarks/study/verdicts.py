@@ -466,21 +466,27 @@ def claim_near_zero(study: Study) -> Finding:
 def per_machine(rule: Callable[[Study], Finding]) -> Callable[[Study], Finding]:
     """``rule`` where a study's runs trained on different machines: it must give the same verdict on
     each machine's runs alone, else "not shown" (runs trained on several machines are left out of
-    every machine's). A study on one machine gets ``rule``'s own finding."""
+    every machine's). A machine none of whose runs is at a method's selected setting abstains: no
+    number the verdict compares trained there (amended 2026-11-30, see docs/study/round-three.md).
+    A study on one machine gets ``rule``'s own finding."""
     def judged(study: Study) -> Finding:
         groups, several = study.machine_groups()
         if len(groups) <= 1 and not several:
             return rule(study)
-        found = []
+        found, abstained = [], []
         for label, runs in groups.items():
             part = study.on(runs)
             es, rl = _sides(part)
+            if not es and not rl:
+                abstained.append(f"on {label} ({len(runs)} runs): none at a selected setting, so it abstains")
+                continue
             found.append((label, len(runs), rule(part) if es and rl else
                           Finding("untested", "no ES or no RL run at its selected setting")))
         verdicts = {f.verdict for _, _, f in found}
         verdict = verdicts.pop() if len(verdicts) == 1 else "not shown"
         left = f"; {several} runs trained on several machines, left out" if several else ""
-        numbers = "; ".join(f"on {label} ({n} runs): {f.verdict}, {f.numbers}" for label, n, f in found) + left
+        numbers = "; ".join([*(f"on {label} ({n} runs): {f.verdict}, {f.numbers}" for label, n, f in found),
+                             *abstained]) + left
         gates = "; ".join(f"on {label}: {f.gate}" for label, _, f in found if f.gate)
         return Finding(verdict, f"The runs trained on {len(groups)} machines, and a verdict must hold on each "
                                 f"alone: {numbers}", gates, None)
