@@ -13,12 +13,12 @@ either), else its record's sum (a fresh clone has the records only). A curve's f
 grid run (nothing left to do); a segment from budget b0 to b trains (b - b0) / --max-samples times a
 grid run's training and is measured once. Runs that extended a grid beyond its edge
 (``--extend-grids``) are counted once they are on disk (which ones run depends on the selection); once a
-method's grid is done, the runs its selection extends it by are next, as the driver runs them. A method with no
-finished run but a started one is estimated provisionally: its logged iterations' median times the
-run's iterations, plus the other methods' median start-up and measuring (the same model, measured the
-same way); the output marks it. A method with neither is left out of the estimate, and the output says so. While the grid runs, it
-also prints each setting's numbers so far: the seeds done, their mean validation pass@1 and their
-mean test pass@1 and reward.
+method's grid is done, the runs its selection extends it by are next, as the driver runs them. A
+method with no finished run but a started one is estimated provisionally: its logged iterations'
+median times the run's iterations, plus the other methods' median start-up and measuring (the same
+model, measured the same way); the output marks it. A method with neither is left out of the
+estimate, and the output says so. While the grid runs, it also prints each setting's numbers so
+far: the seeds done, their mean validation pass@1 and their mean test pass@1 and reward.
 """
 
 from __future__ import annotations
