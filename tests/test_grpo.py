@@ -21,7 +21,7 @@ from trainers.common.config import ConfigError
 from trainers.common.models import compute_dtype
 from trainers.common.splits import WithValidation
 from trainers.engines.hf import HFEngine
-from trainers.rl.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator
+from trainers.rl.grpo import GRPO, GRPOConfig, group_advantages, grpo_loss, loss_denominator, tied_groups
 from trainers.rl import loop, policy
 from trainers.rl.logprobs import pad, token_logprobs
 from trainers.rl.losses import kl_k3
@@ -65,6 +65,9 @@ def test_group_advantages_by_hand():
     # groups are independent; equal rewards give zero advantages (no NaN)
     adv = group_advantages(torch.tensor([1.0, 0.0, 2.0, 2.0]), 2, scale_by_std=True)
     assert torch.allclose(adv, torch.tensor([a, -a, 0.0, 0.0]))
+    # ... and such a group gives no gradient: counted as tied
+    assert tied_groups(torch.tensor([1.0, 0.0, 2.0, 2.0, 0.0, 0.0]), 2) == 2
+    assert tied_groups(torch.tensor([0.0, 0.0, 0.0, 1.0]), 4) == 0 and tied_groups(torch.zeros(8), 4) == 2
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo"])
@@ -246,6 +249,7 @@ def test_grpo_raises_the_reward(tmp_path, tiny_model_dir):
     assert [r["samples"] for r in train] == [32 * k for k in range(1, 9)]  # cumulative responses
     assert all(b["tokens"] > a["tokens"] for a, b in zip(train, train[1:]))  # cumulative tokens
     assert abs(train[0]["kl"]) < 1e-9 and train[-1]["kl"] > 1e-6  # policy = reference at step 1, to rounding
+    assert all(0.0 <= r["frac_reward_zero_std"] <= 1.0 for r in train)  # the share of groups with no gradient
     assert {r["iteration"] for r in log if "eval_pass@1" in r} == {0, 4, 8}
     assert {r["eval_n"] for r in log if "eval_pass@1" in r} == {4}  # Letter-v0's test split, for Table 1
     assert (out / "final" / "config.json").is_file() and (out / "tb").is_dir()

@@ -85,6 +85,14 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale_by_std: bool)
     return a.view(-1)
 
 
+def tied_groups(rewards: torch.Tensor, group_size: int) -> int:
+    """How many groups (rows of ``group_size``) have every reward equal: their advantages are all 0,
+    so they give no gradient (logged as ``frac_reward_zero_std``, TRL's name; near a zero base
+    reward most groups are tied, the regime round three of the study asks about)."""
+    r = rewards.view(-1, group_size)
+    return int((r.max(dim=1).values == r.min(dim=1).values).sum())
+
+
 def loss_denominator(loss: str, num_responses: int, num_tokens: int, loss_norm: int) -> float:
     """What the step's summed per-token losses are divided by (the same for every micro-batch, so
     gradient accumulation gives exactly the full-batch gradient)."""
@@ -177,12 +185,14 @@ class GRPO:
         self.model.eval()
         # the whole batch's statistics: sums over every process
         keys = sorted(sums)
-        loss_total, responses, tokens, advantage_abs, *values = self.ranks.sum(
+        group_size = batch.samples.group_size
+        loss_total, responses, tokens, advantage_abs, tied, *values = self.ranks.sum(
             [loss_total, len(batch.samples), batch.samples.num_tokens, float(batch.advantages.abs().sum()),
-             *(sums[k] for k in keys)])
+             tied_groups(batch.samples.rewards, group_size), *(sums[k] for k in keys)])
         tokens = float(max(1.0, tokens))
         return {"loss": float(loss_total), "grad_norm": grad_norm, **{k: float(v / tokens) for k, v in zip(keys, values)},
-                "advantage_abs": float(advantage_abs / responses)}
+                "advantage_abs": float(advantage_abs / responses),
+                "frac_reward_zero_std": float(tied * group_size / responses)}
 
 
 # ----- the run ----------------------------------------------------------------------------------
