@@ -106,9 +106,12 @@ def test_the_finished_settings_numbers_so_far_while_the_grid_runs(tmp_path):
     start = lines.index("finished settings so far (means over the seeds done; the study selects on validation "
                         "once the grid is done):")
     assert lines[start + 1:] == [  # the grid's order of lr (1e-5, then 1e-6), not the text's
-        "  PPO beta=0_lr=1e-05, seeds 0: validation pass@1 0.200; test pass@1 0.100, reward 0.110",
-        "  PPO beta=0_lr=1e-06, seeds 1: validation pass@1 0.400; test pass@1 0.300, reward 0.310",
-        "  GRPO beta=0_lr=1e-05, seeds 0, 1: validation pass@1 0.700; test pass@1 0.600, reward 0.610"]
+        "  PPO beta=0_lr=1e-05, seeds 0: validation pass@1 0.200; test pass@1 0.100, reward 0.110 "
+        "(each seed's test / validation pass@1: 0.10 / 0.20)",
+        "  PPO beta=0_lr=1e-06, seeds 1: validation pass@1 0.400; test pass@1 0.300, reward 0.310 "
+        "(each seed's test / validation pass@1: 0.30 / 0.40)",
+        "  GRPO beta=0_lr=1e-05, seeds 0, 1: validation pass@1 0.700; test pass@1 0.600, reward 0.610 "
+        "(each seed's test / validation pass@1: 0.50 / 0.60, 0.70 / 0.80)"]
     for run in runs.values():
         if not (run.path / "study_record.json").is_file():
             write_record(run, 60, 90)

@@ -173,7 +173,7 @@ def runs_left(cfg: StudyConfig, out: Path, runs: list[Run], records: list[dict])
 
 def so_far(runs: list[Run], records: list[dict]) -> list[str]:
     """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
-    their mean test pass@1 and reward (greedy); in the plan's order (the study's methods, each
+    their mean test pass@1 and reward (greedy), then each seed's test / validation pass@1; in the plan's order (the study's methods, each
     method's settings in the grid's order, then those beyond its edge)."""
     keys = list(dict.fromkeys((r.method, r.setting) for r in runs))
     for r in records:
@@ -190,9 +190,10 @@ def so_far(runs: list[Run], records: list[dict]) -> list[str]:
 
         def mean(part: str, key: str) -> float:
             return statistics.fmean(r[part][key] for r in rs)
+        each = ", ".join(f"{r['greedy']['pass@1']:.2f} / {r['validation']['eval_pass@1']:.2f}" for r in rs)
         lines.append(f"  {LABELS[method]} {setting}, seeds {', '.join(str(r['seed']) for r in rs)}: validation "
                      f"pass@1 {mean('validation', 'eval_pass@1'):.3f}; test pass@1 {mean('greedy', 'pass@1'):.3f}, "
-                     f"reward {mean('greedy', 'reward_mean'):.3f}")
+                     f"reward {mean('greedy', 'reward_mean'):.3f} (each seed's test / validation pass@1: {each})")
     return lines
 
 
