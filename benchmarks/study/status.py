@@ -46,9 +46,14 @@ class Cost:
     other: float
 
 
+def iteration_seconds(path: Path) -> list[float]:
+    """The seconds of each training iteration (ES) or step (RL) a run's log holds."""
+    return [r["seconds"] for r in read_jsonl(path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+
+
 def training_seconds(record: dict, path: Path) -> float:
     """A finished run's training seconds (see the module docstring)."""
-    its = [r["seconds"] for r in read_jsonl(path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+    its = iteration_seconds(path)
     return len(its) * statistics.median(its) if its else record["validation"]["seconds"]
 
 
@@ -70,7 +75,7 @@ def provisional(runs: list[Run], cost: dict[str, Cost]) -> dict[str, tuple[Cost,
     for run in runs:
         if run.method in cost or run.method in started or not (run.path / "config.yaml").is_file():
             continue
-        its = [r["seconds"] for r in read_jsonl(run.path / "log.jsonl") if "reward_mean" in r and "seconds" in r]
+        its = iteration_seconds(run.path)
         total = iterations(run.path)[1]
         if its and total:
             started[run.method] = (Cost(total * statistics.median(its), statistics.median(others) if others else 0.0),
@@ -173,8 +178,9 @@ def runs_left(cfg: StudyConfig, out: Path, runs: list[Run], records: list[dict])
 
 def so_far(runs: list[Run], records: list[dict]) -> list[str]:
     """One line per setting with a finished run: its seeds done, their mean validation pass@1 and
-    their mean test pass@1 and reward (greedy), then each seed's test / validation pass@1; in the plan's order (the study's methods, each
-    method's settings in the grid's order, then those beyond its edge)."""
+    their mean test pass@1 and reward (greedy), then each seed's test / validation pass@1; in the
+    plan's order (the study's methods, each method's settings in the grid's order, then those beyond
+    its edge)."""
     keys = list(dict.fromkeys((r.method, r.setting) for r in runs))
     for r in records:
         key = (r["method"], r["setting"])
