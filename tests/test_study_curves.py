@@ -243,3 +243,26 @@ def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsy
     err = capsys.readouterr().err
     assert "each budget must be a multiple of --max-samples 16" in err and "Traceback" not in err
     assert not (tmp_path / "s").exists()
+
+
+def test_every_other_method_of_round_three_continues_its_grid_run(tmp_path, tiny_model_dir, one_thread):
+    """Round three's other methods continue as es_full and grpo do (above): low-rank ES and ES on
+    adapters from their update logs, Dr.GRPO, PPO (with its critic) and GRPO on adapters from their
+    newest checkpoints. Each curve's log goes on from its grid run's, and no weights stay behind."""
+    methods = ("es_lowrank", "es_lora", "dr_grpo", "ppo", "grpo_lora")
+    out = tmp_path / "study"
+    study.main(curve_argv(out, tiny_model_dir, "--methods", ",".join(methods), "--lowrank-population", "4",
+                          "--lora-rank", "2", "--lora-sigmas", "0.01", "--lora-lrs", "1e-3",
+                          "--curve-budgets", "32"))
+    results = json.loads((out / "results.json").read_text())
+    points = {(p["method"], p["budget"]): p for p in json.loads((out / "curves.json").read_text())["points"]}
+    assert sorted(points) == sorted((m, b) for m in methods for b in (16, 32))
+    for method in methods:
+        setting = results["selection"][method]["setting"]
+        assert points[method, 16].get("grid_run") and not points[method, 16].get("retrained")
+        assert points[method, 32]["validation"]["samples"] == 32
+        run_log = (out / "runs" / method / setting / "seed=0" / "log.jsonl").read_text().splitlines()
+        curve_log = (out / "curves" / method / setting / "seed=0" / "log.jsonl").read_text().splitlines()
+        assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log), method
+    assert not list(out.glob("runs/*/*/*/checkpoints")) and not list(out.glob("curves/*/*/*/checkpoints"))
+    assert "At 16 responses 5 of 5 curves continue their grid run." in (out / "learning_curve.md").read_text()
