@@ -17,6 +17,12 @@ def curve_argv(out, model_dir, *extra: str) -> list[str]:
             "--batch-size", "2", "--sigmas", "0.01", "--betas", "0", "--lrs", "1e-3", "--kl-samples", "2", *extra]
 
 
+def grid_and_curve_logs(out, method: str, setting: str) -> tuple[list[str], list[str]]:
+    """The training log lines of seed 0's grid run and of its curve, to check one continues the other."""
+    return tuple((out / where / method / setting / "seed=0" / "log.jsonl").read_text().splitlines()
+                 for where in ("runs", "curves"))
+
+
 def test_curves_continue_the_grid_runs_and_resume(tmp_path, tiny_model_dir, one_thread, kill_on_call):
     """With --curve-budgets from the start, each grid run keeps what continuing it needs (ES its update
     log, RL its newest checkpoint; an unselected setting's is released), and its curve continues it:
@@ -45,9 +51,7 @@ def test_curves_continue_the_grid_runs_and_resume(tmp_path, tiny_model_dir, one_
         else:
             assert (curve / f"completions-{p['budget']}.jsonl.gz").is_file()
     for method in ("es_full", "grpo"):  # the curve's log goes on from the grid run's: a continuation
-        r = grid[method]
-        run_log = (out / "runs" / method / r["setting"] / "seed=0" / "log.jsonl").read_text().splitlines()
-        curve_log = (out / "curves" / method / r["setting"] / "seed=0" / "log.jsonl").read_text().splitlines()
+        run_log, curve_log = grid_and_curve_logs(out, method, grid[method]["setting"])
         assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log)
     # RL's checkpoint was handed to the curve, the unselected setting's released; nothing of weights stays
     assert not list(out.glob("runs/*/*/*/checkpoints")) and not list(out.glob("runs/*/*/*/final"))
@@ -116,8 +120,7 @@ def test_a_curve_continues_a_selected_setting_beyond_the_grids_edge(tmp_path, ti
     assert results["selection"]["grpo"]["setting"] == beyond
     points = {p["budget"]: p for p in json.loads((out / "curves.json").read_text())["points"]}
     assert points[16]["setting"] == points[32]["setting"] == beyond and points[16].get("grid_run")
-    run_log = (out / "runs" / "grpo" / beyond / "seed=0" / "log.jsonl").read_text().splitlines()
-    curve_log = (out / "curves" / "grpo" / beyond / "seed=0" / "log.jsonl").read_text().splitlines()
+    run_log, curve_log = grid_and_curve_logs(out, "grpo", beyond)
     assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log)  # continued, not retrained
     assert not list(out.glob("runs/*/*/*/checkpoints"))
     # claim 1 pairs an ES method with an RL method: with GRPO alone, untested, said in one line
@@ -261,8 +264,7 @@ def test_every_other_method_of_round_three_continues_its_grid_run(tmp_path, tiny
         setting = results["selection"][method]["setting"]
         assert points[method, 16].get("grid_run") and not points[method, 16].get("retrained")
         assert points[method, 32]["validation"]["samples"] == 32
-        run_log = (out / "runs" / method / setting / "seed=0" / "log.jsonl").read_text().splitlines()
-        curve_log = (out / "curves" / method / setting / "seed=0" / "log.jsonl").read_text().splitlines()
+        run_log, curve_log = grid_and_curve_logs(out, method, setting)
         assert curve_log[:len(run_log)] == run_log and len(curve_log) > len(run_log), method
     assert not list(out.glob("runs/*/*/*/checkpoints")) and not list(out.glob("curves/*/*/*/checkpoints"))
     assert "At 16 responses 5 of 5 curves continue their grid run." in (out / "learning_curve.md").read_text()
