@@ -276,6 +276,25 @@ def test_a_study_resumed_on_another_device_is_refused(tmp_path, tiny_model_dir, 
     assert "Traceback" not in err
 
 
+def test_a_study_pinned_to_another_machine_refuses_before_running_anything(tmp_path, tiny_model_dir, kill_on_call,
+                                                                           capsys):
+    """--machine pins a study to the machine its runs so far trained on: elsewhere it stops with one
+    line naming both machines, before its directory exists; here it runs. The pin is where the runs
+    happen, not what they are, so a running study may take it up without changing its identity."""
+    from benchmarks.study.machines import this_machine
+
+    out = tmp_path / "study"
+    with pytest.raises(SystemExit):
+        study.main(tiny_argv(out, tiny_model_dir, "--machine", "CPU Elsewhere (bf16 units: none)"))
+    err = capsys.readouterr().err
+    assert (f"--machine: this study is pinned to CPU Elsewhere (bf16 units: none), and this machine is "
+            f"{this_machine('cpu')}: a run here would be judged apart") in err
+    assert "Traceback" not in err and not out.exists()
+    with kill_on_call(study, "measure", 1):  # past the check: the base model's first measurement
+        study.main(tiny_argv(out, tiny_model_dir, "--machine", this_machine("cpu")))
+    assert "machine" not in json.loads((out / "study.json").read_text())
+
+
 def test_the_report_refuses_mixed_numerics():
     from benchmarks.study.report import numerics
 

@@ -170,3 +170,18 @@ def test_a_method_with_only_a_started_run_is_estimated_provisionally(cfg, tmp_pa
     # a started run with no iteration logged yet gives nothing to estimate from
     (started.path / "log.jsonl").write_text(json.dumps(log[0]) + "\n")
     assert "without PPO (no finished run to estimate from)" in study_status.status(cfg, tmp_path)
+
+
+def test_a_pinned_study_says_whether_this_machine_may_resume_it(cfg, tmp_path):
+    from benchmarks.study.machines import this_machine
+
+    (tmp_path / "study.json").write_text("{}")
+    assert "(--machine)" not in study_status.status(cfg, tmp_path)
+    here = this_machine("cpu")
+    cfg.device = "cpu"
+    cfg.machine = here
+    assert f"pinned to {here} (--machine): this machine, so the study's command resumes it here" in \
+        study_status.status(cfg, tmp_path)
+    cfg.machine = "CPU Elsewhere (bf16 units: none)"
+    assert (f"pinned to CPU Elsewhere (bf16 units: none) (--machine): this machine is {here}, so the study's "
+            "command refuses to run here") in study_status.status(cfg, tmp_path)

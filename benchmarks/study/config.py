@@ -30,7 +30,7 @@ LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_sigmas", "lora_
 AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "grad_accum", "commit", "report_to", *(name for name in ENGINE_FIELDS if name != "engine"))
+INVOCATION = ("device", "machine", "grad_accum", "commit", "report_to", *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
 @dataclass
@@ -100,6 +100,11 @@ class StudyConfig(EngineOptions):
                                                                    "(default: 20 for Conciseness-v0, else 1; 0: none)"})
     env_args: str | None = field(default=None, metadata={"help": "JSON object of environment options"})
     device: str | None = field(default=None, metadata={"help": "cpu / cuda (default: cuda if available)"})
+    machine: str | None = field(default=None, metadata={
+        "help": "pin the study to one machine, named as its run records name it (e.g. 'CPU AMD EPYC (bf16 units: "
+                "none)'; benchmarks.study.status prints this machine's name): started on another, the study "
+                "refuses before it runs anything, since a verdict must hold on each machine's runs alone "
+                "(benchmarks.study.verdicts.per_machine) and a run here would be judged apart from the others"})
     dtype: str | None = field(default="auto", metadata={
         "help": "compute dtype of every run and evaluation: auto (a resumed study's own; else bf16 on CUDA and on a "
                 "CPU with bf16 matrix units, fp32 elsewhere), fp32 or bf16; one study never mixes dtypes",

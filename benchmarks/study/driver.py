@@ -63,6 +63,7 @@ from benchmarks.study.curves import budgets as curve_budgets
 from benchmarks.study.curves import check_curve_budgets
 from benchmarks.study.curves import train_curves
 from benchmarks.study.errors import TEST_PROMPTS, prompt_groups, write_test_prompts
+from benchmarks.study.machines import check_machine
 from benchmarks.study.plan import (Run, check_budgets, evaluations, extension, per_step, plan, prompts_per_step,
                                    split_plan, trainer_argv, trainer_of, validation_plan)
 from benchmarks.study.record import COMPLETIONS, brief, check_device, commit, keep_completions, pinned_rule, select
@@ -72,6 +73,7 @@ from trainers.common.rollout import eval_examples
 from trainers.common import distributed
 from trainers.common.config import ConfigError, make_env, parse_config, run_main
 from trainers.common.files import atomic_write
+from trainers.common.models import resolve_device
 from trainers.common.progress import bar as progress_bar
 
 __all__ = ["AUTO_ENGINE", "DEFAULT_METHODS", "LABELS", "METHODS", "StudyConfig", "main", "study"]
@@ -109,6 +111,7 @@ def study(cfg: StudyConfig) -> Path:
     # while process 0 writes it below
     previous = dist.from_main(json.loads(saved.read_text()) if dist.is_main and saved.is_file() else None)
     settle_study_runtime(cfg, previous, dist)  # dtype and engine: process 0 decides, every process gets it
+    check_machine(cfg.machine, resolve_device(cfg.device))  # before anything runs: a pinned study stays on its machine
     own = identity(cfg)
     if previous is not None:
         changed = changed_options(previous, own, curves_started=any(out.glob("curves/**/curve_record.json")))

@@ -39,3 +39,24 @@ def one_machine(entry: dict[str, Any]) -> str | None:
     resumed on another machine, so it belongs to no single machine's results)."""
     labels = trained_on(entry)
     return labels[0] if len(labels) == 1 else None
+
+
+def this_machine(device: str | None = None) -> str:
+    """This machine's label, as a run trained here on ``device`` would record it."""
+    from trainers.common.hardware import describe
+
+    return machine_label(describe(device))
+
+
+def check_machine(pinned: str | None, device: str | None = None) -> None:
+    """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``) on another
+    machine: its runs would be another machine's, judged apart (``verdicts.per_machine``), and a
+    machine holding one side's selected runs without the other's makes a verdict "not shown"."""
+    here = this_machine(device)
+    if pinned is not None and here != pinned:
+        from trainers.common.config import ConfigError
+
+        raise ConfigError(f"--machine: this study is pinned to {pinned}, and this machine is {here}: a run here "
+                          f"would be judged apart from the others (a verdict must hold on each machine's runs "
+                          f"alone); resume it on that machine, or drop --machine to let this one's runs count as "
+                          f"another machine's")

@@ -18,7 +18,8 @@ method with no finished run but a started one is estimated provisionally: its lo
 median times the run's iterations, plus the other methods' median start-up and measuring (the same
 model, measured the same way); the output marks it. A method with neither is left out of the
 estimate, and the output says so. While the grid runs, it also prints each setting's numbers so
-far: the seeds done, their mean validation pass@1 and their mean test pass@1 and reward.
+far: the seeds done, their mean validation pass@1 and their mean test pass@1 and reward. A study
+pinned to one machine (``--machine``) is told whether this machine may resume it.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from pathlib import Path
 from benchmarks.study.config import LABELS, StudyConfig
 from benchmarks.study.curves import RECORD as CURVE_RECORD
 from benchmarks.study.curves import budgets
+from benchmarks.study.machines import this_machine
 from benchmarks.study.plan import Run, extension, plan
 from benchmarks.study.record import select
 from benchmarks.study.run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
+from trainers.common.models import resolve_device
 from trainers.common.run_dir import read_jsonl
 
 
@@ -123,6 +126,11 @@ def status(cfg: StudyConfig, out: Path) -> str:
              + (f" (and {len(beyond)} beyond the grids' edges)" if beyond else "")
              + (f"; learning curves {curve_done} of {len(points) * cfg.seeds * len(cfg.method_list)} points "
                 f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
+    if cfg.machine:
+        here = this_machine(resolve_device(cfg.device))
+        lines.append(f"pinned to {cfg.machine} (--machine): "
+                     + ("this machine, so the study's command resumes it here" if here == cfg.machine else
+                        f"this machine is {here}, so the study's command refuses to run here"))
     if left:
         nxt = left[0]
         lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")
