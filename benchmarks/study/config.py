@@ -30,7 +30,8 @@ LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_sigmas", "lora_
 AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "machine", "grad_accum", "commit", "report_to", *(name for name in ENGINE_FIELDS if name != "engine"))
+INVOCATION = ("device", "machine", "grad_accum", "commit", "report_to",
+              *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
 @dataclass

@@ -3,11 +3,15 @@ ran on (``trainers.common.hardware.describe``: the CPU, its bf16 units, the GPU)
 resume. Seconds compare only within one machine, and so do bf16 results: two CPUs' matrix kernels
 (AMX against avx512_bf16) round their sums differently, so a seed trained on another CPU is another
 sample. A verdict over runs from several machines must hold on each machine's runs alone
-(``benchmarks.study.verdicts.per_machine``), and costs are reported per machine."""
+(``benchmarks.study.verdicts.per_machine``), costs are reported per machine, and a study may be
+pinned to one (``check_machine``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import torch
 
 
 def machine_label(machine: dict[str, Any]) -> str:
@@ -41,14 +45,14 @@ def one_machine(entry: dict[str, Any]) -> str | None:
     return labels[0] if len(labels) == 1 else None
 
 
-def this_machine(device: str | None = None) -> str:
+def this_machine(device: torch.device | str | None = None) -> str:
     """This machine's label, as a run trained here on ``device`` would record it."""
     from trainers.common.hardware import describe
 
     return machine_label(describe(device))
 
 
-def check_machine(pinned: str | None, device: str | None = None) -> None:
+def check_machine(pinned: str | None, device: torch.device | str | None = None) -> None:
     """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``) on another
     machine: its runs would be another machine's, judged apart (``verdicts.per_machine``), and a
     machine holding one side's selected runs without the other's makes a verdict "not shown"."""
