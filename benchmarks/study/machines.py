@@ -56,8 +56,10 @@ def check_machine(pinned: str | None, device: torch.device | str | None = None) 
     """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``) on another
     machine: its runs would be another machine's, judged apart (``verdicts.per_machine``), and a
     machine holding one side's selected runs without the other's makes a verdict "not shown"."""
+    if pinned is None:
+        return
     here = this_machine(device)
-    if pinned is not None and here != pinned:
+    if here != pinned:
         from trainers.common.config import ConfigError
 
         raise ConfigError(f"--machine: this study is pinned to {pinned}, and this machine is {here}: a run here "
