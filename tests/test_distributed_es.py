@@ -219,6 +219,29 @@ def test_a_rank_stopped_by_the_launcher_says_so_in_one_line(model_dir, tmp_path)
     assert "Traceback" not in stderr0 and sum(line.startswith("error:") for line in lines) == 1, stderr0[-3000:]
 
 
+def test_a_sigterm_while_a_lost_peer_unwinds_leaves_the_peer_s_line(monkeypatch, capsys):
+    """The race CI met: rank 0's collective sees its peer die, and torchrun's SIGTERM lands while
+    that error unwinds. The line printed is the first cause, once, with no traceback."""
+    import signal
+
+    from trainers.common import distributed
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    before = signal.getsignal(signal.SIGTERM)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            with distributed.one_line_errors():
+                try:
+                    raise distributed.PeerLost("rank 0 of 2 lost contact with the other processes")
+                finally:
+                    os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, mid-unwind
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    err = capsys.readouterr().err
+    assert stopped.value.code == distributed.EXIT_CODE
+    assert err.strip() == "error: rank 0 of 2 lost contact with the other processes", err
+
+
 def test_the_weight_checksum_sees_one_changed_bit():
     """Both ways of summing weights (SHA-256 of host memory, integer sums where a GPU's weights
     live, tried here on CPU tensors) change with one weight's last bit, or two weights swapped."""

@@ -45,7 +45,14 @@ EXIT_CODE = 1
 
 
 class DistributedError(RuntimeError):
-    """A multi-process run cannot go on; the message is one line (``one_line_errors`` prints it)."""
+    """A multi-process run cannot go on; the message is one line (``one_line_errors`` prints it).
+    From its making on, the launcher's SIGTERM that follows it is ignored (``_stop``): raised while
+    this error unwinds, ``Stopped`` would take its place or break its one line with a traceback."""
+
+    def __init__(self, *args: object) -> None:
+        global _erring
+        _erring = True
+        super().__init__(*args)
 
 
 class PeerLost(DistributedError):
@@ -221,6 +228,8 @@ def init() -> Dist:
 _current: Dist | None = None
 #: Set when ``one_line_errors`` stopped the run: the process group is then left to the exit.
 _failed = False
+#: Set when a ``DistributedError`` is made: its one line is on its way, so a SIGTERM adds nothing.
+_erring = False
 
 
 def _teardown() -> None:
@@ -232,7 +241,11 @@ def _teardown() -> None:
 
 
 def _stop(signum, frame):
-    """SIGTERM: raise ``Stopped``."""
+    """SIGTERM: raise ``Stopped``, unless a ``DistributedError`` is already on its way out (a peer's
+    death seen by a collective races the launcher's SIGTERM: the first cause is the one to print)."""
+    if _erring:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        return
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
     d = _current or Dist(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
     raise Stopped(f"rank {d.rank} of {d.world} was stopped by its launcher (SIGTERM) during {d.phase}, most likely "
@@ -247,7 +260,8 @@ def one_line_errors():
     code ``EXIT_CODE``, never a traceback."""
     import threading
 
-    global _failed
+    global _failed, _erring
+    _erring = False
     handle = int(os.environ.get("WORLD_SIZE", "1")) > 1 and threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _stop) if handle else None
     try:
