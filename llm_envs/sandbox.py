@@ -241,6 +241,10 @@ def _child_main() -> None:
     """Read the request, fence the process in, run the code, send one JSON line per input."""
     import marshal
 
+    if not os.path.isfile(_REQUEST_FILE):  # run by hand: say what this file is instead of a traceback
+        sys.stderr.write(f"{__file__} is the sandbox's child process, started by llm_envs.sandbox.run_function in "
+                         f"a directory holding {_REQUEST_FILE}; it has nothing to run here.\n")
+        sys.exit(2)
     with open(_REQUEST_FILE, "rb") as f:
         req = marshal.load(f)  # written by the parent: trusted
     os.remove(_REQUEST_FILE)

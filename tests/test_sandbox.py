@@ -207,3 +207,12 @@ def test_kernel_fences_without_the_audit_hook():
                    "connect": "OSError", "write_tmp": "OSError", "read_root": "PermissionError",
                    "memory": "MemoryError"}, proc
     assert not os.path.exists(f"/tmp/pwned_{u}")
+
+
+def test_the_child_script_run_by_hand_says_what_it_is(tmp_path):
+    """``python -m llm_envs.sandbox`` outside a sandbox directory: one line naming the file's role, exit 2."""
+    done = subprocess.run([sys.executable, sandbox.__file__], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert "Traceback" not in done.stderr
+    assert "sandbox's child process" in done.stderr and "request.marshal" in done.stderr
