@@ -40,8 +40,8 @@ def test_shared_runs_are_matched_and_their_differences_counted(tmp_path):
     text = compare(a, b)
 
     assert "2 runs in both" in text
-    assert "- ES: 1 of 1 runs repeated" in text
-    assert "- GRPO: 0 of 1 runs repeated" in text
+    assert "- ES: 1 of 1 run repeated" in text
+    assert "- GRPO: 0 of 1 run repeated" in text
     es_row, grpo_row = [line for line in text.splitlines() if line.startswith("| ES,") or line.startswith("| GRPO,")]
     assert "| 0.50 / 0.50 | 0.250 / 0.250 |" in es_row and "| 2 of 2 | 1 of 2 |" in es_row
     assert "CPU AMD EPYC (bf16 units: none) / CPU AMD EPYC (bf16 units: avx512_bf16)" in es_row

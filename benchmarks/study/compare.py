@@ -114,8 +114,8 @@ def method_lines(found: list[Pair]) -> list[str]:
     methods: dict[str, list[Pair]] = {}
     for p in found:
         methods.setdefault(p.a.get("label", p.a["method"]), []).append(p)
-    return [f"- {label}: {sum(map(repeated, ps))} of {len(ps)} runs repeated (every greedy test answer and the "
-            f"validation score the same)" for label, ps in methods.items()]
+    return [f"- {label}: {sum(map(repeated, ps))} of {len(ps)} run{'' if len(ps) == 1 else 's'} repeated (every "
+            f"greedy test answer and the validation score the same)" for label, ps in methods.items()]
 
 
 def base_lines(a: Path, b: Path) -> list[str]:
@@ -131,7 +131,7 @@ def base_lines(a: Path, b: Path) -> list[str]:
 def compare(a: Path, b: Path) -> str:
     """The comparison, as markdown."""
     found = pairs(a, b)
-    head = [f"{a} against {b}: {len(found)} runs in both", "", *base_lines(a, b), *method_lines(found)]
+    head = [f"{a} against {b}: {len(found)} run{'' if len(found) == 1 else 's'} in both", "", *base_lines(a, b), *method_lines(found)]
     return "\n".join([*head, "", *run_rows(found)] if found else head) + "\n"
 
 
