@@ -59,3 +59,12 @@ def test_bad_directories_and_records_are_one_line_errors(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([str(tmp_path / "a"), str(tmp_path)])
     assert "not a readable run record" in capsys.readouterr().err
+    (broken / "study_record.json").write_text(json.dumps({"method": "es", "seed": 0, "setting": "s", "hparams": {}}))
+    (broken / "completions.jsonl.gz").write_bytes(b"not gzip")
+    other = tmp_path / "b" / "runs" / "es" / "s" / "seed=0"
+    other.mkdir(parents=True)
+    (other / "study_record.json").write_text(json.dumps({"method": "es", "seed": 0, "setting": "s", "hparams": {}}))
+    (other / "completions.jsonl.gz").write_bytes(b"not gzip")
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "a"), str(tmp_path / "b")])
+    assert "not a readable completions file" in capsys.readouterr().err

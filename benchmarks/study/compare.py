@@ -58,7 +58,10 @@ def same_texts(a: Path, b: Path) -> dict[str, tuple[int, int]]:
     text, out of those both hold; {} where either file is missing."""
     if not (a.is_file() and b.is_file()):
         return {}
-    rows = [{(r["eval"], r["id"], r.get("sample", 0)): r["completion"] for r in read_completions(p)} for p in (a, b)]
+    try:
+        rows = [{(r["eval"], r["id"], r.get("sample", 0)): r["completion"] for r in read_completions(p)} for p in (a, b)]
+    except (OSError, ValueError, KeyError) as exc:  # a truncated gzip, a bad line, a row without its fields
+        raise ConfigError(f"{a} or {b}: not a readable completions file ({type(exc).__name__}: {exc})") from exc
     out: dict[str, tuple[int, int]] = {}
     for key in rows[0].keys() & rows[1].keys():
         same, n = out.get(key[0], (0, 0))
