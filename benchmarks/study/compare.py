@@ -22,6 +22,7 @@ from benchmarks.study.machines import machines_line
 from benchmarks.study.record import COMPLETIONS, read_completions
 from benchmarks.study.run import RECORD
 from trainers.common.config import ConfigError, Parser, fail
+from trainers.common.progress import plural
 
 
 @dataclass
@@ -32,23 +33,17 @@ class Pair:
     same: dict[str, tuple[int, int]]  # evaluation ("greedy", "kl") -> (identical texts, compared)
 
 
-def run_key(record: dict[str, Any]) -> tuple:
-    """A run's identity across studies: method, seed and hyperparameters to 10 significant digits
-    (a grid's extension computes its step as a product, 0.040500000000000015 for 0.0405)."""
-    hparams = tuple(sorted((k, f"{float(v):.10g}") for k, v in record.get("hparams", {}).items()))
-    return record["method"], record["seed"], hparams
-
-
-def load_runs(study: Path) -> dict[tuple, tuple[dict[str, Any], Path]]:
-    """Every finished run of ``study``: its key -> (record, directory)."""
+def load_runs(study: Path) -> dict[Path, tuple[dict[str, Any], Path]]:
+    """Every finished run of ``study``, keyed by its place under the study (``runs/METHOD/SETTING/seed=N``:
+    the setting is named by ``plan.setting_name``, so a grid extension's 0.040500000000000015 is 0.0405
+    in both studies) -> (record, directory)."""
     if not study.is_dir():
         raise ConfigError(f"{study}: no such study directory")
     found = {}
     for path in sorted(study.glob(f"runs/*/*/*/{RECORD}")):
         try:
-            record = json.loads(path.read_text())
-            found[run_key(record)] = record, path.parent
-        except (ValueError, KeyError) as exc:
+            found[path.parent.relative_to(study)] = json.loads(path.read_text()), path.parent
+        except ValueError as exc:
             raise ConfigError(f"{path}: not a readable run record ({exc})") from exc
     return found
 
@@ -70,7 +65,7 @@ def same_texts(a: Path, b: Path) -> dict[str, tuple[int, int]]:
 
 
 def pairs(a: Path, b: Path) -> list[Pair]:
-    """The runs both studies finished, in ``a``'s order."""
+    """The runs both studies finished (the same method, setting and seed), in ``a``'s order."""
     runs_a, runs_b = load_runs(a), load_runs(b)
     return [Pair(rec, runs_b[key][0], same_texts(path / COMPLETIONS, runs_b[key][1] / COMPLETIONS))
             for key, (rec, path) in runs_a.items() if key in runs_b]
@@ -117,8 +112,8 @@ def method_lines(found: list[Pair]) -> list[str]:
     methods: dict[str, list[Pair]] = {}
     for p in found:
         methods.setdefault(p.a.get("label", p.a["method"]), []).append(p)
-    return [f"- {label}: {sum(map(repeated, ps))} of {len(ps)} run{'' if len(ps) == 1 else 's'} repeated (every "
-            f"greedy test answer and the validation score the same)" for label, ps in methods.items()]
+    return [f"- {label}: {sum(map(repeated, ps))} of {plural(len(ps), 'run')} repeated (every greedy test answer and "
+            f"the validation score the same)" for label, ps in methods.items()]
 
 
 def base_lines(a: Path, b: Path) -> list[str]:
@@ -134,7 +129,7 @@ def base_lines(a: Path, b: Path) -> list[str]:
 def compare(a: Path, b: Path) -> str:
     """The comparison, as markdown."""
     found = pairs(a, b)
-    head = [f"{a} against {b}: {len(found)} run{'' if len(found) == 1 else 's'} in both", "", *base_lines(a, b), *method_lines(found)]
+    head = [f"{a} against {b}: {plural(len(found), 'run')} in both", "", *base_lines(a, b), *method_lines(found)]
     return "\n".join([*head, "", *run_rows(found)] if found else head) + "\n"
 
 
