@@ -631,3 +631,21 @@ def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares
     grids.results["methods"] = {m: {"label": m, "setting": s} for m, s in middle.items()}
     assert all(len(step_sizes(grids, m)[0]) == 3 for m in cfg.method_list)
     assert grids_differ(grids) is None
+
+
+@pytest.mark.parametrize("machine", ["zen5", "xeon"])
+def test_each_round_three_replicate_is_the_original_study_on_another_machine(machine):
+    """A replicate's config defines the same runs as round three's (the identity its study.json holds),
+    differing only in what the command adds (the rule commit) and the driver resolves (the metric); a
+    started replicate's study.json is the original's, option for option."""
+    from trainers.common.config import load_yaml
+
+    original = json.loads(Path("docs/study-rg-nearzero-r3/study.json").read_text())
+    cfg = study.StudyConfig(**load_yaml(Path(f"benchmarks/configs/study_rg_nearzero_r3_{machine}_cpu.yaml")))
+    cfg.validate()
+    own = study_config.identity(cfg)
+    assert {k for k in original.keys() | own.keys() if original.get(k) != own.get(k)} <= {"metric", "rule_commit"}
+    assert cfg.machine and cfg.machine.startswith("CPU ")
+    saved = Path(f"docs/study-rg-nearzero-r3-{machine}/study.json")
+    if saved.exists():
+        assert json.loads(saved.read_text()) == original
