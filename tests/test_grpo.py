@@ -485,3 +485,17 @@ def test_sweep_refuses_flags_it_sets(capsys):
     with pytest.raises(SystemExit):
         sweep.main(["grpo", "--lr", "1e-5", "--env", "Nope-v0"])  # (the env stops it if the check fails)
     assert "--lr is set by the sweep" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", [False, True])
+def test_deterministic_runs_under_torchs_deterministic_algorithms_and_restores_them(flag, tmp_path, tiny_model_dir,
+                                                                                  monkeypatch):
+    """``--deterministic true`` turns torch's deterministic algorithms on for the run (a GRPO run on the
+    default model with 2 CPU threads repeats bitwise only so: docs/reliability.md) and leaves the
+    process's own setting as it was; without it the run changes nothing."""
+    seen, sample = [], loop.sample
+    monkeypatch.setattr(loop, "sample", lambda *a, **k: seen.append(torch.are_deterministic_algorithms_enabled())
+                        or sample(*a, **k))
+    grpo.main(grpo_args(tiny_model_dir, tmp_path / "run", "--steps", "2", "--batch-size", "2", "--group-size", "2",
+                        "--deterministic", str(flag).lower()))
+    assert seen == [flag, flag] and not torch.are_deterministic_algorithms_enabled()

@@ -37,6 +37,7 @@ from trainers.engines import make_engine
 from trainers.common.progress import bar
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
+from trainers.rl.determinism import deterministic
 from trainers.rl.policy import enable_checkpointing, load_policy, load_reference, make_optimizer
 from trainers.rl.presets import family_of, rl_cpu_preset, rl_fit
 from trainers.rl.sampling import response_seeds, sample
@@ -67,6 +68,10 @@ class RLConfig(TrainConfig):
     max_grad_norm: float = field(default=1.0, metadata={"help": "clip the gradient norm (0: no clipping)"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of training responses"})
+    deterministic: bool = field(default=False, metadata={
+        "help": "torch's deterministic algorithms, so that a run repeats bitwise on its machine: on a CPU with 2+ "
+                "threads an update otherwise differs from run to run in the last bit of a few weights, and later "
+                "steps sample other responses (docs/reliability.md)"})
 
     def validate(self) -> None:
         super().validate()
@@ -128,9 +133,15 @@ def check_batch(cfg: RLConfig, ranks: Ranks, train_size: int) -> None:
 
 
 def train(cfg: RLConfig, algorithm) -> Path:
-    """The RL run, for any ``algorithm`` (GRPO, PPO): sample a batch, ``algorithm.prepare`` it (no
-    gradients: reference log-probs, advantages, ...), ``algorithm.update`` it ``epochs`` times (one
-    optimizer step each); log, evaluate, checkpoint; save the final model."""
+    """The RL run, for any ``algorithm`` (GRPO, PPO), under ``--deterministic``: see ``run_rl``."""
+    with deterministic(cfg.deterministic):
+        return run_rl(cfg, algorithm)
+
+
+def run_rl(cfg: RLConfig, algorithm) -> Path:
+    """The RL run: sample a batch, ``algorithm.prepare`` it (no gradients: reference log-probs,
+    advantages, ...), ``algorithm.update`` it ``epochs`` times (one optimizer step each); log,
+    evaluate, checkpoint; save the final model."""
     ranks = Ranks(distributed.init())
     env = training_env(cfg)  # bad options end here, before any run directory exists
     cfg.max_new_tokens = cfg.max_new_tokens or env.max_new_tokens
