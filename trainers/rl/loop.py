@@ -12,6 +12,7 @@ optimizer step on the same batch; rank 0 alone logs and writes files.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from dataclasses import dataclass, field
@@ -134,7 +135,7 @@ def check_batch(cfg: RLConfig, ranks: Ranks, train_size: int) -> None:
 
 def train(cfg: RLConfig, algorithm) -> Path:
     """The RL run, for any ``algorithm`` (GRPO, PPO), under ``--deterministic``: see ``run_rl``."""
-    with deterministic(cfg.deterministic):
+    with deterministic() if cfg.deterministic else contextlib.nullcontext():
         return run_rl(cfg, algorithm)
 
 
