@@ -196,3 +196,30 @@ def test_a_cache_without_layers_falls_back_to_one_row_per_response(tiny_tokenize
     (lp_a, st_a, cr_a, g_a), (lp_b, st_b, cr_b, g_b) = results["rows"], results["fallback"]
     assert torch.equal(lp_a, lp_b) and torch.equal(st_a, st_b) and torch.equal(cr_a, cr_b)
     assert all(torch.equal(a, b) for a, b in zip(g_a, g_b))
+
+
+def autograd_ops(*tensors: torch.Tensor) -> set[str]:
+    """The names of the backward nodes in the graph behind ``tensors``."""
+    todo, seen = [t.grad_fn for t in tensors], set()
+    while todo:
+        node = todo.pop()
+        if node is not None and node not in seen:
+            seen.add(node)
+            todo.extend(child for child, _ in node.next_functions)
+    return {type(node).__name__ for node in seen}
+
+
+@pytest.mark.parametrize("which", ["logprobs", "logprobs and hidden states", "critic states"])
+def test_prompt_rows_are_copied_with_index_select_so_the_backward_repeats(which, tiny_tokenizer):
+    """Indexing with a prompt's row repeated G times (``IndexBackward0``) adds the G gradients with
+    parallel atomic adds on a CPU with several threads, in an order that changes from run to run
+    (GRPO's weights differed after 2 steps); ``index_select``'s backward adds them in row order."""
+    model = model_of("llama", "sdpa", tiny_tokenizer).train()
+    batch = group(*groups(len(tiny_tokenizer)), 0)
+    if which == "critic states":
+        outputs = (completion_states(model.model, batch),)
+    else:
+        out = token_logprobs(model, batch, temperature=1.0, hidden=which != "logprobs")
+        outputs = out if isinstance(out, tuple) else (out,)
+    ops = autograd_ops(*outputs)
+    assert "IndexSelectBackward0" in ops and "IndexBackward0" not in ops, sorted(ops)

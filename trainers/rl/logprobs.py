@@ -266,6 +266,15 @@ def _completion_pass(model, batch: Grouped, cache, rows: torch.Tensor, **kwargs)
     return out, width
 
 
+def per_response(prompt_rows: torch.Tensor, group: torch.Tensor) -> torch.Tensor:
+    """Each response's copy of its prompt's row of ``prompt_rows`` (``[K, ...]`` -> ``[B, ...]``).
+    ``index_select``, not ``prompt_rows[group]``: on CPU with several threads the backward of
+    indexing with repeated indices adds the G copies' gradients with parallel atomic adds, in an
+    order that changes from run to run (measured: GRPO's weights differed after 2 steps); that of
+    ``index_select`` adds them in row order, so a run repeats bitwise."""
+    return prompt_rows.index_select(0, group)
+
+
 def _in_row_order(parts: list[torch.Tensor], rows: list[torch.Tensor], width: int) -> torch.Tensor:
     """The bucket outputs ``parts`` (each ``[b, w, ...]``) padded to ``width`` columns and put back in
     the batch's row order."""
@@ -279,7 +288,7 @@ def _grouped_logprobs(model, batch: Grouped, temperature: float, hidden: bool):
         prompts, last = _last_logits(model, batch, output_hidden_states=hidden)
         if _fall_back(prompts.past_key_values):
             return token_logprobs(model, as_padded(batch), temperature, hidden)
-        first = selective_logprobs(last[batch.group], batch.completion_ids[:, :1], temperature)
+        first = selective_logprobs(per_response(last, batch.group), batch.completion_ids[:, :1], temperature)
         rest, states = [], []
         for rows in parts:
             out, width = _completion_pass(model, batch, prompts.past_key_values, rows, output_hidden_states=hidden)
@@ -289,7 +298,8 @@ def _grouped_logprobs(model, batch: Grouped, temperature: float, hidden: bool):
     logp = torch.cat([first, _in_row_order(rest, parts, T - 1)], dim=1)
     if not hidden:
         return logp
-    return logp, torch.cat([prompts.hidden_states[-1][batch.group, -1:], _in_row_order(states, parts, T - 1)], dim=1)
+    first_states = per_response(prompts.hidden_states[-1][:, -1:], batch.group)
+    return logp, torch.cat([first_states, _in_row_order(states, parts, T - 1)], dim=1)
 
 
 def completion_states(trunk, batch: Padded | Grouped):
@@ -303,8 +313,8 @@ def completion_states(trunk, batch: Padded | Grouped):
                 return completion_states(trunk, as_padded(batch))
             parts = buckets(batch)
             rest = [_completion_pass(trunk, batch, prompts.past_key_values, rows)[0].last_hidden_state for rows in parts]
-            return torch.cat([prompts.last_hidden_state[batch.group, -1:], _in_row_order(rest, parts, batch.width - 1)],
-                             dim=1)
+            first = per_response(prompts.last_hidden_state[:, -1:], batch.group)
+            return torch.cat([first, _in_row_order(rest, parts, batch.width - 1)], dim=1)
         T, P = batch.width, batch.prompt_width
         out = trunk(input_ids=batch.input_ids, attention_mask=batch.attention_mask, position_ids=batch.position_ids,
                     use_cache=False)
