@@ -1,10 +1,12 @@
-"""Bitwise-repeatable RL runs on one machine (``--deterministic``): torch's deterministic algorithms.
+"""Bitwise-repeatable RL runs on a GPU (``--deterministic``): torch's deterministic algorithms.
 
-Measured on a 2-core Xeon (docs/reliability.md, "Repeating a run"): a GRPO run on the default model
-repeats bitwise with one thread, while with two its 2-step runs ended with 0.05-0.07% of their weights
-one or two float32 ulps apart from run to run. That is enough for later steps to sample other
-responses, so a "retrained" RL run is another sample of it. With torch's deterministic algorithms on,
-three such runs gave the same weights. ES needs none of this: its runs repeated bitwise without it.
+On CUDA many kernels (``index_select``'s and embeddings' backward, ``scatter_add``) add with atomics,
+in an order that changes from run to run; an update that differs in the last bit of a few weights
+is enough for later steps to sample other responses, so such a "retrained" run is another sample.
+On a CPU the RL trainers repeat bitwise without this: the one such op they used (indexing's
+backward with repeated rows, see ``trainers.rl.logprobs.per_response``) is gone, and three GRPO runs
+with it on gave the weights two without it give (docs/reliability.md, "Repeating a run"). Untested
+on a GPU here: no GPU run has checked it.
 """
 
 from __future__ import annotations

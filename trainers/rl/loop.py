@@ -70,9 +70,9 @@ class RLConfig(TrainConfig):
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
     temperature: float = field(default=1.0, metadata={"help": "sampling temperature of training responses"})
     deterministic: bool = field(default=False, metadata={
-        "help": "torch's deterministic algorithms, so that a run repeats bitwise on its machine: on a CPU with 2+ "
-                "threads an update otherwise differs from run to run in the last bit of a few weights, and later "
-                "steps sample other responses (docs/reliability.md)"})
+        "help": "torch's deterministic algorithms, for a run that repeats bitwise on a GPU, whose kernels (e.g. "
+                "index_select's backward) add with atomics in an order that changes from run to run; on a CPU RL "
+                "runs repeat bitwise without it (docs/reliability.md)"})
 
     def validate(self) -> None:
         super().validate()
