@@ -490,9 +490,9 @@ def test_sweep_refuses_flags_it_sets(capsys):
 @pytest.mark.parametrize("flag", [False, True])
 def test_deterministic_runs_under_torchs_deterministic_algorithms_and_restores_them(flag, tmp_path, tiny_model_dir,
                                                                                   monkeypatch):
-    """``--deterministic true`` turns torch's deterministic algorithms on for the run (a GRPO run on the
-    default model with 2 CPU threads repeats bitwise only so: docs/reliability.md) and leaves the
-    process's own setting as it was; without it the run changes nothing."""
+    """``--deterministic true`` turns torch's deterministic algorithms on for the run (what a run on a
+    GPU needs to repeat bitwise: docs/reliability.md) and leaves the process's own setting as it
+    was; without it the run changes nothing."""
     seen, sample = [], loop.sample
     monkeypatch.setattr(loop, "sample", lambda *a, **k: seen.append(torch.are_deterministic_algorithms_enabled())
                         or sample(*a, **k))
