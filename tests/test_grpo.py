@@ -499,3 +499,15 @@ def test_deterministic_runs_under_torchs_deterministic_algorithms_and_restores_t
     grpo.main(grpo_args(tiny_model_dir, tmp_path / "run", "--steps", "2", "--batch-size", "2", "--group-size", "2",
                         "--deterministic", str(flag).lower()))
     assert seen == [flag, flag] and not torch.are_deterministic_algorithms_enabled()
+
+
+def test_a_run_with_dropout_repeats_whatever_the_process_rng_was(tmp_path, tiny_model_dir):
+    """Dropout draws from torch's global RNG, which torch seeds at random in each process: the run
+    seeds it from ``--seed``, so the same command gives the same adapters."""
+    adapters = []
+    for name, process_seed in (("a", 1), ("b", 2)):
+        torch.manual_seed(process_seed)  # the state another process would start in
+        grpo.main(grpo_args(tiny_model_dir, tmp_path / name, "--steps", "2", "--lora-rank", "4",
+                            "--lora-dropout", "0.5"))
+        adapters.append((tmp_path / name / "final" / "adapter_model.safetensors").read_bytes())
+    assert adapters[0] == adapters[1]

@@ -171,6 +171,9 @@ def run_rl(cfg: RLConfig, algorithm) -> Path:
     if ckpt:
         check_processes(run, done, state, ranks.world)
     device = ranks.dist.device or cfg.device
+    # Dropout (--lora-dropout, a model's own) draws from torch's global RNG, which torch seeds at
+    # random in each process: seeded from the run's seed and rank, a run repeats (a resume restores it)
+    torch.manual_seed(int(np.random.SeedSequence([cfg.seed, ranks.dist.rank]).generate_state(1)[0]))
     with ranks.dist.main_first():  # the first load may fetch and convert the default model
         model, tokenizer = load_policy(str(run.checkpoint_dir(done)) if ckpt else cfg.model, device,
                                        cfg.gradient_checkpointing, dtype, cfg, cfg.seed, cfg.model,
