@@ -241,7 +241,7 @@ def _cache_rows(cache, rows: torch.Tensor):
     picked.layers = []
     for layer in cache.layers:
         own = copy.copy(layer)
-        own.keys, own.values = layer.keys.index_select(0, rows), layer.values.index_select(0, rows)
+        own.keys, own.values = per_response(layer.keys, rows), per_response(layer.values, rows)
         picked.layers.append(own)
     return picked
 
