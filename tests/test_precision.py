@@ -401,3 +401,23 @@ def build_es_config(values):
     from trainers.common.config import build_config
 
     return build_config(es.ESConfig, {"env": "Conciseness-v0", **values})
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\nmodel name\t: AMD EPYC\n\n"
+     "processor\t: 1\ncpu family\t: 26\nmodel\t\t: 2\n", "family 25 model 17"),
+    ("processor\t: 0\nmodel name\t: AMD EPYC\nmodel\t\t: 1\ncpu family\t: 25\n", "family 25 model 1"),
+    ("processor\t: 0\nBogoMIPS\t: 50.00\nCPU part\t: 0xd0c\n", None),  # an ARM CPU lists other fields
+])
+def test_the_cpu_model_is_the_first_processors_family_and_model(tmp_path, monkeypatch, text, expected):
+    """Two CPUs can share a name and bf16 units (a Zen 4 and a Zen 5); the family and model numbers tell
+    them apart, read from the first processor's block ("model name" is not "model")."""
+    info = tmp_path / "cpuinfo"
+    info.write_text(text)
+    monkeypatch.setattr(hardware, "CPUINFO", str(info))
+    hardware.cpu_model.cache_clear()
+    try:
+        assert hardware.cpu_model() == expected
+        assert ("cpu_model" in hardware.describe()) == (expected is not None)
+    finally:
+        hardware.cpu_model.cache_clear()

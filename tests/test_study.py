@@ -295,6 +295,30 @@ def test_a_study_pinned_to_another_machine_refuses_before_running_anything(tmp_p
     assert "machine" not in json.loads((out / "study.json").read_text())
 
 
+def test_a_study_pinned_to_another_cpu_model_refuses_though_the_machine_label_matches(tmp_path, tiny_model_dir,
+                                                                                        kill_on_call, capsys):
+    """--cpu-model tells apart two CPUs with one machine label (a Zen 4 and a Zen 5 are both 'CPU AMD EPYC
+    (bf16 units: avx512_bf16)'): with this machine's label and another CPU's numbers the study refuses
+    before its directory exists; with this CPU's numbers it runs, and neither pin enters its identity."""
+    from benchmarks.study.machines import this_machine
+    from trainers.common.hardware import cpu_model
+
+    out = tmp_path / "study"
+    here = ["--machine", this_machine("cpu")]
+    with pytest.raises(SystemExit):
+        study.main(tiny_argv(out, tiny_model_dir, *here, "--cpu-model", "family 999 model 1"))
+    err = capsys.readouterr().err
+    assert ("--cpu-model: this study is pinned to a CPU of family 999 model 1, and this one is "
+            f"{cpu_model() or 'of no listed family and model'}: a run here would be judged apart") in err
+    assert "Traceback" not in err and not out.exists()
+    if cpu_model() is None:
+        pytest.skip("this CPU lists no family and model")
+    with kill_on_call(study, "measure", 1):
+        study.main(tiny_argv(out, tiny_model_dir, *here, "--cpu-model", cpu_model()))
+    saved = json.loads((out / "study.json").read_text())
+    assert "machine" not in saved and "cpu_model" not in saved
+
+
 def test_the_report_refuses_mixed_numerics():
     from benchmarks.study.report import numerics
 
@@ -633,7 +657,7 @@ def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares
     assert grids_differ(grids) is None
 
 
-@pytest.mark.parametrize("machine", ["zen5", "xeon", "xeonamx"])
+@pytest.mark.parametrize("machine", ["zen5", "xeon", "xeonamx", "zen4"])
 def test_each_round_three_replicate_is_the_original_study_on_another_machine(machine):
     """A replicate's config defines the same runs as round three's (the identity its study.json holds),
     differing only in what the command adds (the rule commit) and the driver resolves (the metric); a
@@ -645,7 +669,7 @@ def test_each_round_three_replicate_is_the_original_study_on_another_machine(mac
     cfg.validate()
     own = study_config.identity(cfg)
     assert set(study_config.changed_options(original, own, curves_started=True)) <= {"metric", "rule_commit"}
-    assert cfg.machine and cfg.machine.startswith("CPU ")
+    assert cfg.machine and cfg.machine.startswith("CPU ") and cfg.cpu_model.startswith("family ")
     saved = Path(f"docs/study-rg-nearzero-r3-{machine}/study.json")
     if saved.exists():
         assert json.loads(saved.read_text()) == original

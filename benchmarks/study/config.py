@@ -30,7 +30,7 @@ LORA_OPTIONS = ("lora_rank", "lora_alpha", "lora_targets", "lora_sigmas", "lora_
 AUTO_ENGINE = "auto"
 #: Options that say how this invocation runs, not what the runs are: not part of a study's identity,
 #: and passed again to an unfinished run when it resumes.
-INVOCATION = ("device", "machine", "grad_accum", "commit", "report_to",
+INVOCATION = ("device", "machine", "cpu_model", "grad_accum", "commit", "report_to",
               *(name for name in ENGINE_FIELDS if name != "engine"))
 
 
@@ -106,6 +106,11 @@ class StudyConfig(EngineOptions):
                 "none)'; benchmarks.study.status prints this machine's name): started on another, the study "
                 "refuses before it runs anything, since a verdict must hold on each machine's runs alone "
                 "(benchmarks.study.verdicts.per_machine) and a run here would be judged apart from the others"})
+    cpu_model: str | None = field(default=None, metadata={
+        "help": "pin the study also to the CPU's family and model numbers (e.g. 'family 26 model 2'; "
+                "benchmarks.study.status prints this CPU's): two CPUs can share --machine's name (a Zen 4 and a "
+                "Zen 5 are both 'CPU AMD EPYC (bf16 units: avx512_bf16)'), so a study that must run on one "
+                "machine names its numbers too"})
     dtype: str | None = field(default="auto", metadata={
         "help": "compute dtype of every run and evaluation: auto (a resumed study's own; else bf16 on CUDA and on a "
                 "CPU with bf16 matrix units, fp32 elsewhere), fp32 or bf16; one study never mixes dtypes",

@@ -111,7 +111,7 @@ def study(cfg: StudyConfig) -> Path:
     # while process 0 writes it below
     previous = dist.from_main(json.loads(saved.read_text()) if dist.is_main and saved.is_file() else None)
     settle_study_runtime(cfg, previous, dist)  # dtype and engine: process 0 decides, every process gets it
-    check_machine(cfg.machine, resolve_device(cfg.device))  # before anything runs, as the two above
+    check_machine(cfg.machine, resolve_device(cfg.device), cfg.cpu_model)  # before anything runs, as the two above
     own = identity(cfg)
     if previous is not None:
         changed = changed_options(previous, own, curves_started=any(out.glob("curves/**/curve_record.json")))

@@ -52,17 +52,19 @@ def this_machine(device: torch.device | str | None = None) -> str:
     return machine_label(describe(device))
 
 
-def check_machine(pinned: str | None, device: torch.device | str | None = None) -> None:
-    """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``) on another
-    machine: its runs would be another machine's, judged apart (``verdicts.per_machine``), and a
-    machine holding one side's selected runs without the other's makes a verdict "not shown"."""
-    if pinned is None:
-        return
-    here = this_machine(device)
-    if here != pinned:
-        from trainers.common.config import ConfigError
+def check_machine(pinned: str | None, device: torch.device | str | None = None, cpu_model: str | None = None) -> None:
+    """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``), or to a CPU's
+    ``cpu_model`` (``--cpu-model``: its family and model numbers), on another machine: its runs would
+    be another machine's, judged apart (``verdicts.per_machine``), and a machine holding one side's
+    selected runs without the other's makes a verdict "not shown"."""
+    from trainers.common.config import ConfigError
+    from trainers.common.hardware import cpu_model as this_cpu_model
 
-        raise ConfigError(f"--machine: this study is pinned to {pinned}, and this machine is {here}: a run here "
-                          f"would be judged apart from the others (a verdict must hold on each machine's runs "
-                          f"alone); resume it on that machine, or drop --machine to let this one's runs count as "
-                          f"another machine's")
+    why = ("a run here would be judged apart from the others (a verdict must hold on each machine's runs "
+           "alone); resume it on that machine, or drop {flag} to let this one's runs count as another machine's")
+    if pinned is not None and (here := this_machine(device)) != pinned:
+        raise ConfigError(f"--machine: this study is pinned to {pinned}, and this machine is {here}: "
+                          + why.format(flag="--machine"))
+    if cpu_model is not None and (here := this_cpu_model()) != cpu_model:
+        raise ConfigError(f"--cpu-model: this study is pinned to a CPU of {cpu_model}, and this one is "
+                          f"{here or 'of no listed family and model'}: " + why.format(flag="--cpu-model"))

@@ -19,7 +19,7 @@ median times the run's iterations, plus the other methods' median start-up and m
 model, measured the same way); the output marks it. A method with neither is left out of the
 estimate, and the output says so. While the grid runs, it also prints each setting's numbers so
 far: the seeds done, their mean validation pass@1 and their mean test pass@1 and reward. A study
-pinned to one machine (``--machine``) is told whether this machine may resume it.
+pinned to one machine (``--machine``, ``--cpu-model``) is told whether this machine may resume it.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from benchmarks.study.plan import Run, extension, plan
 from benchmarks.study.record import select
 from benchmarks.study.run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
+from trainers.common.hardware import cpu_model
 from trainers.common.models import resolve_device
 from trainers.common.run_dir import read_jsonl
 
@@ -131,6 +132,14 @@ def status(cfg: StudyConfig, out: Path) -> str:
         lines.append(f"pinned to {cfg.machine} (--machine): "
                      + ("this machine, so the study's command resumes it here" if here == cfg.machine else
                         f"this machine is {here}, so the study's command refuses to run here"))
+    if cfg.cpu_model:
+        here = cpu_model()
+        lines.append(f"pinned to a CPU of {cfg.cpu_model} (--cpu-model): "
+                     + ("this one, so the study's command resumes it here" if here == cfg.cpu_model else
+                        f"this one is {here or 'of no listed family and model'}, so the study's command refuses "
+                        "to run here"))
+    elif cfg.machine:
+        lines.append(f"this CPU is of {cpu_model() or 'no listed family and model'} (--cpu-model pins a study to it)")
     if left:
         nxt = left[0]
         lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")

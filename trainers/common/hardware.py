@@ -14,6 +14,8 @@ import platform
 
 import torch
 
+#: Where Linux lists the CPU (its name, family and model).
+CPUINFO = "/proc/cpuinfo"
 #: Forces ``--dtype auto`` on CPU: "1" bf16, "0" fp32 (the test suite sets "0"), skipping the probe.
 FORCE_ENV = "LLM_ENVS_CPU_BF16"
 
@@ -22,13 +24,35 @@ FORCE_ENV = "LLM_ENVS_CPU_BF16"
 def cpu_name() -> str:
     """The CPU's model name (``lscpu``'s), or the platform's processor string."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(CPUINFO) as f:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
     return platform.processor() or platform.machine() or "unknown CPU"
+
+
+@functools.cache
+def cpu_model() -> str | None:
+    """The CPU's family and model numbers as ``/proc/cpuinfo`` lists them (``"family 25 model 17"``),
+    or None where it lists none. Two CPUs can share a name and bf16 units (a Zen 4 and a Zen 5 are
+    both "AMD EPYC" with avx512_bf16); these numbers tell them apart."""
+    fields = {}
+    try:
+        with open(CPUINFO) as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key in ("cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
+    except OSError:
+        return None
+    if set(fields) != {"cpu family", "model"}:
+        return None
+    return f"family {fields['cpu family']} model {fields['model']}"
 
 
 def cpu_bf16_units() -> str | None:
@@ -46,8 +70,11 @@ def cpu_bf16_units() -> str | None:
 
 
 def describe(device: torch.device | str | None = None) -> dict:
-    """What a run's or benchmark's times came from: the CPU (name, bf16 units) and the GPU if used."""
+    """What a run's or benchmark's times came from: the CPU (name, bf16 units, family and model where
+    listed) and the GPU if used."""
     out = {"cpu": cpu_name(), "cpu_bf16_units": cpu_bf16_units() or "none", "threads": torch.get_num_threads()}
+    if cpu_model():
+        out["cpu_model"] = cpu_model()
     if device is not None and torch.device(device).type == "cuda":
         out["gpu"] = torch.cuda.get_device_name(torch.device(device))
     return out
