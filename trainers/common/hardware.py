@@ -42,12 +42,11 @@ def cpu_model() -> str | None:
     try:
         with open(CPUINFO) as f:
             for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key in ("cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
                 if not line.strip() and fields:  # the first processor's block is enough
                     break
+                key, _, value = line.partition(":")
+                if key.strip() in ("cpu family", "model"):
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         return None
     if set(fields) != {"cpu family", "model"}:
