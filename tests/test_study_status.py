@@ -188,7 +188,7 @@ def test_a_pinned_study_says_whether_this_machine_may_resume_it(cfg, tmp_path):
     from trainers.common.hardware import cpu_model
 
     cfg.machine = here
-    assert f"this CPU is of {cpu_model() or 'no listed family and model'} (--cpu-model pins" in \
+    assert f"this CPU is {cpu_model() or 'of no listed family and model'} (--cpu-model pins" in \
         study_status.status(cfg, tmp_path)
     cfg.cpu_model = "family 999 model 1"
     assert (f"pinned to a CPU of family 999 model 1 (--cpu-model): this one is "
@@ -196,5 +196,5 @@ def test_a_pinned_study_says_whether_this_machine_may_resume_it(cfg, tmp_path):
         study_status.status(cfg, tmp_path)
     cfg.cpu_model = cpu_model()
     if cfg.cpu_model:
-        assert (f"pinned to a CPU of {cfg.cpu_model} (--cpu-model): this one, so the study's command resumes it "
-                "here") in study_status.status(cfg, tmp_path)
+        assert (f"pinned to a CPU of {cfg.cpu_model} (--cpu-model): this machine, so the study's command resumes "
+                "it here") in study_status.status(cfg, tmp_path)

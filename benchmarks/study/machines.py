@@ -8,6 +8,7 @@ pinned to one (``check_machine``)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -52,19 +53,48 @@ def this_machine(device: torch.device | str | None = None) -> str:
     return machine_label(describe(device))
 
 
+@dataclass(frozen=True)
+class Pin:
+    """One way a study is pinned to a machine, and whether this machine meets it."""
+    flag: str  # the study's option: --machine or --cpu-model
+    pinned: str  # what it is pinned to, in words ("a CPU of family 25 model 1")
+    here: str  # what this machine is, in words ("this one is family 25 model 17")
+    holds: bool
+
+
+def this_cpu_model_words() -> str:
+    """This CPU's family and model numbers in words, for a line about ``--cpu-model``."""
+    from trainers.common.hardware import cpu_model
+
+    return cpu_model() or "of no listed family and model"
+
+
+def pins(pinned: str | None, device: torch.device | str | None = None, cpu_model: str | None = None) -> list[Pin]:
+    """The pins a study sets (``--machine`` to a machine label, ``--cpu-model`` to a CPU's family and
+    model numbers), each against this machine: the one comparison the study's command
+    (``check_machine``) and its status both make."""
+    from trainers.common.hardware import cpu_model as this_cpu_model
+
+    out = []
+    if pinned is not None:
+        here = this_machine(device)
+        out.append(Pin("--machine", pinned, f"this machine is {here}", here == pinned))
+    if cpu_model is not None:
+        out.append(Pin("--cpu-model", f"a CPU of {cpu_model}", f"this one is {this_cpu_model_words()}",
+                       this_cpu_model() == cpu_model))
+    return out
+
+
 def check_machine(pinned: str | None, device: torch.device | str | None = None, cpu_model: str | None = None) -> None:
     """Refuses (``ConfigError``) to run a study pinned to ``pinned`` (``--machine``), or to a CPU's
     ``cpu_model`` (``--cpu-model``: its family and model numbers), on another machine: its runs would
     be another machine's, judged apart (``verdicts.per_machine``), and a machine holding one side's
     selected runs without the other's makes a verdict "not shown"."""
     from trainers.common.config import ConfigError
-    from trainers.common.hardware import cpu_model as this_cpu_model
 
-    why = ("a run here would be judged apart from the others (a verdict must hold on each machine's runs "
-           "alone); resume it on that machine, or drop {flag} to let this one's runs count as another machine's")
-    if pinned is not None and (here := this_machine(device)) != pinned:
-        raise ConfigError(f"--machine: this study is pinned to {pinned}, and this machine is {here}: "
-                          + why.format(flag="--machine"))
-    if cpu_model is not None and (here := this_cpu_model()) != cpu_model:
-        raise ConfigError(f"--cpu-model: this study is pinned to a CPU of {cpu_model}, and this one is "
-                          f"{here or 'of no listed family and model'}: " + why.format(flag="--cpu-model"))
+    for pin in pins(pinned, device, cpu_model):
+        if not pin.holds:
+            raise ConfigError(f"{pin.flag}: this study is pinned to {pin.pinned}, and {pin.here}: a run here would "
+                              "be judged apart from the others (a verdict must hold on each machine's runs alone); "
+                              f"resume it on that machine, or drop {pin.flag} to let this one's runs count as "
+                              "another machine's")

@@ -33,12 +33,11 @@ from pathlib import Path
 from benchmarks.study.config import LABELS, StudyConfig
 from benchmarks.study.curves import RECORD as CURVE_RECORD
 from benchmarks.study.curves import budgets
-from benchmarks.study.machines import this_machine
+from benchmarks.study.machines import pins, this_cpu_model_words
 from benchmarks.study.plan import Run, extension, plan
 from benchmarks.study.record import select
 from benchmarks.study.run import RECORD
 from trainers.common.config import ConfigError, load_yaml, parse_config, run_main
-from trainers.common.hardware import cpu_model
 from trainers.common.models import resolve_device
 from trainers.common.run_dir import read_jsonl
 
@@ -127,19 +126,13 @@ def status(cfg: StudyConfig, out: Path) -> str:
              + (f" (and {len(beyond)} beyond the grids' edges)" if beyond else "")
              + (f"; learning curves {curve_done} of {len(points) * cfg.seeds * len(cfg.method_list)} points "
                 f"(budgets {', '.join(map(str, points))}), after the grid" if points else "")]
-    if cfg.machine:
-        here = this_machine(resolve_device(cfg.device))
-        lines.append(f"pinned to {cfg.machine} (--machine): "
-                     + ("this machine, so the study's command resumes it here" if here == cfg.machine else
-                        f"this machine is {here}, so the study's command refuses to run here"))
-    if cfg.cpu_model:
-        here = cpu_model()
-        lines.append(f"pinned to a CPU of {cfg.cpu_model} (--cpu-model): "
-                     + ("this one, so the study's command resumes it here" if here == cfg.cpu_model else
-                        f"this one is {here or 'of no listed family and model'}, so the study's command refuses "
-                        "to run here"))
-    elif cfg.machine:
-        lines.append(f"this CPU is of {cpu_model() or 'no listed family and model'} (--cpu-model pins a study to it)")
+    # Only --machine needs the device, and resolving a CUDA study's device fails on a machine without one.
+    for pin in pins(cfg.machine, resolve_device(cfg.device) if cfg.machine else None, cfg.cpu_model):
+        lines.append(f"pinned to {pin.pinned} ({pin.flag}): "
+                     + ("this machine, so the study's command resumes it here" if pin.holds else
+                        f"{pin.here}, so the study's command refuses to run here"))
+    if cfg.machine and not cfg.cpu_model:
+        lines.append(f"this CPU is {this_cpu_model_words()} (--cpu-model pins a study to it)")
     if left:
         nxt = left[0]
         lines.append(f"next or running: {nxt.label} {nxt.setting} seed={nxt.seed}{progress(nxt.path)}")
