@@ -657,7 +657,7 @@ def test_the_round_three_preset_has_round_twos_budget_and_grids_claim_3_compares
     assert grids_differ(grids) is None
 
 
-@pytest.mark.parametrize("machine", ["zen5", "xeon", "xeonamx", "zen4"])
+@pytest.mark.parametrize("machine", ["zen5", "xeon", "xeonamx", "zen4", "zen1"])
 def test_each_round_three_replicate_is_the_original_study_on_another_machine(machine):
     """A replicate's config defines the same runs as round three's (the identity its study.json holds),
     differing only in what the command adds (the rule commit) and the driver resolves (the metric); a
