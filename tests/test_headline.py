@@ -340,6 +340,29 @@ def test_a_verdict_over_several_machines_must_hold_on_each_alone():
     assert per_machine(claim_budget)(s).verdict == "held"
 
 
+def test_two_cpus_that_share_a_label_are_two_machines_once_their_records_say_which():
+    """A Zen 1 and a Zen 3 are both 'CPU AMD EPYC (bf16 units: none)'. Records hold the CPU's family and
+    model since 2026-12-02: where a study's records name two under one label, each is its own machine,
+    and a run from before the numbers (it could be either) belongs to neither; where they name one, the
+    label is one machine, as before."""
+    s = study({"es_full": {"a": [0.9, 0.91, 0.89, 0.9]}, "grpo": {"x": [0.6, 0.61, 0.59, 0.6]}})
+    epyc = {"cpu": "AMD EPYC", "cpu_bf16_units": "none", "threads": 2}
+    for r in s.results["runs"]:
+        r["machines"] = [dict(epyc, cpu_model="family 25 model 1" if r["seed"] < 2 else "family 23 model 1")]
+    found = per_machine(claim_budget)(s)
+    assert found.verdict == "not shown" and "The runs trained on 2 machines" in found.numbers
+    assert "on CPU AMD EPYC (bf16 units: none), family 23 model 1 (4 runs): not shown" in found.numbers
+    for r in s.results["runs"]:  # seed 0 from before the numbers: it could be either CPU's, so it is left out
+        if r["seed"] == 0:
+            r["machines"] = [dict(epyc)]
+    found = per_machine(claim_budget)(s)
+    assert found.verdict == "not shown" and "2 runs trained on no single machine the records name, left out" \
+        in found.numbers and "on CPU AMD EPYC (bf16 units: none), family 25 model 1 (2 runs)" in found.numbers
+    for r in s.results["runs"]:  # one family and model under the label: one machine, as before the numbers
+        r["machines"] = [dict(epyc, cpu_model="family 25 model 1")] if r["seed"] >= 2 else [dict(epyc)]
+    assert per_machine(claim_budget)(s).verdict == "held"
+
+
 def test_a_machine_with_no_run_at_a_selected_setting_abstains():
     """Round three's first 7 runs, all at settings not selected, trained on another CPU: nothing the
     verdict compares trained there, so that machine neither holds nor vetoes it; a machine with selected

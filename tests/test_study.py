@@ -309,7 +309,7 @@ def test_a_study_pinned_to_another_cpu_model_refuses_though_the_machine_label_ma
         study.main(tiny_argv(out, tiny_model_dir, *here, "--cpu-model", "family 999 model 1"))
     err = capsys.readouterr().err
     assert ("--cpu-model: this study is pinned to a CPU of family 999 model 1, and this one is "
-            f"{cpu_model() or 'of no listed family and model'}: a run here would be judged apart") in err
+            f"{cpu_model() or 'of no listed family and model'}: a run here could share a machine label") in err
     assert "Traceback" not in err and not out.exists()
     if cpu_model() is None:
         pytest.skip("this CPU lists no family and model")

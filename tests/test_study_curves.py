@@ -240,6 +240,22 @@ def test_catching_up_must_hold_on_each_machines_points_alone():
     assert "pooled over machines, RL at 512 still ahead (p = 0.029)" in line
 
 
+def test_catching_up_tells_apart_two_cpus_that_share_a_label_by_their_recorded_numbers():
+    """A Zen 1 and a Zen 3 share 'CPU AMD EPYC (bf16 units: none)'. ES's 2048 points on one and RL's 512
+    points on the other: no machine holds both sides, whatever the pooled numbers say; costs per CPU."""
+    epyc = {"cpu": "AMD EPYC", "cpu_bf16_units": "none", "threads": 2}
+    points = catch_up_points(es_last=0.6, rl_first=0.7)
+    for p in points:
+        p["machines"] = [dict(epyc, cpu_model="family 23 model 1" if p["budget"] == 2048 else "family 25 model 1")]
+    line = study_curves.catch_up(points, 512, 2048)
+    assert ": not shown: the verdict must hold on each machine's points alone (no machine holds both sides)" in line
+    assert "pooled over machines, RL at 512 still ahead (p = 0.029)" in line
+    assert "on CPU AMD EPYC (bf16 units: none), family 23 model 1" in line
+    for p in points:  # one family and model recorded: the label is one machine, as before the numbers
+        p["machines"] = [dict(epyc, cpu_model="family 25 model 1")]
+    assert ": no: RL at 512 still ahead (p = 0.029)" in study_curves.catch_up(points, 512, 2048)
+
+
 def test_curve_budgets_must_be_growing_multiples(tmp_path, tiny_model_dir, capsys):
     with pytest.raises(SystemExit):
         study.main(curve_argv(tmp_path / "s", tiny_model_dir, "--curve-budgets", "24"))

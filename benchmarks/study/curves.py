@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.study.config import LABELS, StudyConfig
-from benchmarks.study.machines import machines_line, measured_on, one_machine, trained_on
+from benchmarks.study.machines import machines_line, measured_on, one_machine, shared_labels, trained_on
 from benchmarks.study.plan import Run, evaluations, per_step, resume_argv, trainer_argv, trainer_of
 from benchmarks.study.record import (brief, commit, final_evaluation, keep_completions, training_machines,
                                      validation_result)
@@ -272,9 +272,10 @@ def machines_note(points: list[dict[str, Any]]) -> str:
     return f"Machines that trained the points{caveat}: {where}."
 
 
-def machine_of(point: dict[str, Any]) -> str:
-    """The one machine a point trained on, "several machines", or "not recorded"."""
-    return one_machine(point) or ("several machines" if trained_on(point) else "an unrecorded machine")
+def machine_of(point: dict[str, Any], shared: frozenset[str] = frozenset()) -> str:
+    """The one machine a point trained on, "several machines" (or one of the CPUs that share a label in
+    ``shared`` without saying which), or "not recorded"."""
+    return one_machine(point, shared) or ("several machines" if trained_on(point) else "an unrecorded machine")
 
 
 def run_cost(points: list[dict[str, Any]], point: dict[str, Any], cpu: bool = False) -> float | None:
@@ -287,12 +288,14 @@ def run_cost(points: list[dict[str, Any]], point: dict[str, Any], cpu: bool = Fa
     return None if None in parts else sum(parts)
 
 
-def machine_costs(points: list[dict[str, Any]], method: str, budget: int, cpu: bool = False) -> dict[str, list[float | None]]:
+def machine_costs(points: list[dict[str, Any]], method: str, budget: int, cpu: bool = False
+                  ) -> dict[str, list[float | None]]:
     """Machine -> the seconds per run of ``method``'s curve runs to ``budget`` trained there."""
     out: dict[str, list[float | None]] = {}
+    shared = shared_labels(points)
     for p in points:
         if p["method"] == method and p["budget"] == budget:
-            out.setdefault(machine_of(p), []).append(run_cost(points, p, cpu))
+            out.setdefault(machine_of(p, shared), []).append(run_cost(points, p, cpu))
     return out
 
 
@@ -342,13 +345,14 @@ def catch_up(points: list[dict[str, Any]], first: int, last: int, cost_points: l
             ("no", p, f"RL at {first} still ahead (p = {p:.3f})")
 
     ours, theirs = at(e, last), at(r, first)
-    machines = {machine_of(p) for p in ours + theirs}
+    shared = shared_labels([*points, *(cost_points or [])])
+    machines = {machine_of(p, shared) for p in ours + theirs}
     verdict, p, words = compare(rewards(ours), rewards(theirs))
     text = f"{verdict}: {words}"
     if len(machines) > 1:
         found, left = [], []
         for m in sorted(machines):
-            a, b = [x for x in ours if machine_of(x) == m], [x for x in theirs if machine_of(x) == m]
+            a, b = [x for x in ours if machine_of(x, shared) == m], [x for x in theirs if machine_of(x, shared) == m]
             if a and b and m not in ("several machines", "an unrecorded machine"):
                 found.append((m, *compare(rewards(a), rewards(b)), len(a), len(b)))
             else:
@@ -398,7 +402,7 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                   f"mean ± sample std over seeds",
                   ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
                    "test reward"], text_columns=2)
-    machines = sorted({machine_of(p) for p in where})
+    machines = sorted({machine_of(p, shared_labels(where)) for p in where})
     cost = Table("What each run cost to here, per machine that trained it: mean seconds per run (runs)",
                  ["Method", "Training responses", *(f"{kind} s, {m}" for m in machines for kind in ("CPU", "wall"))],
                  text_columns=1)

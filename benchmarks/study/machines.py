@@ -33,17 +33,43 @@ def measured_on(entry: dict[str, Any]) -> list[dict[str, Any]]:
     return [s["machine"] for s in (entry.get("greedy"), entry.get("kl")) if isinstance(s, dict) and s.get("machine")]
 
 
-def trained_on(entry: dict[str, Any]) -> tuple[str, ...]:
-    """The labels of the machines ``entry`` (a run's record or a curve point) trained on, sorted;
+#: How a machine reads under a shared label when it recorded no family and model (before 2026-12-02).
+UNNUMBERED = "family and model not recorded"
+
+
+def shared_labels(entries: list[dict[str, Any]]) -> frozenset[str]:
+    """The machine labels under which ``entries`` (a study's runs' records or curve points) record more
+    than one CPU family and model: two CPUs share a label (a Zen 1 and a Zen 3 are both
+    ``CPU AMD EPYC (bf16 units: none)``), and records hold the numbers that tell them apart since
+    2026-12-02."""
+    models: dict[str, set[str]] = {}
+    for e in entries:
+        for m in e.get("machines") or []:
+            if m.get("cpu_model"):
+                models.setdefault(machine_label(m), set()).add(m["cpu_model"])
+    return frozenset(label for label, found in models.items() if len(found) > 1)
+
+
+def machine_name(machine: dict[str, Any], shared: frozenset[str] = frozenset()) -> str:
+    """``machine_label``, and under a label in ``shared`` (``shared_labels``) the CPU's family and model
+    too, or ``UNNUMBERED`` where the record predates them."""
+    label = machine_label(machine)
+    return f"{label}, {machine.get('cpu_model') or UNNUMBERED}" if label in shared else label
+
+
+def trained_on(entry: dict[str, Any], shared: frozenset[str] = frozenset()) -> tuple[str, ...]:
+    """The machines ``entry`` (a run's record or a curve point) trained on (``machine_name``), sorted;
     () where none was recorded."""
-    return tuple(sorted({machine_label(m) for m in entry.get("machines") or []}))
+    return tuple(sorted({machine_name(m, shared) for m in entry.get("machines") or []}))
 
 
-def one_machine(entry: dict[str, Any]) -> str | None:
-    """The machine ``entry`` trained on, where it trained on exactly one (else None: unrecorded, or
-    resumed on another machine, so it belongs to no single machine's results)."""
-    labels = trained_on(entry)
-    return labels[0] if len(labels) == 1 else None
+def one_machine(entry: dict[str, Any], shared: frozenset[str] = frozenset()) -> str | None:
+    """The machine ``entry`` trained on, where it trained on exactly one that its record tells apart
+    from the others (else None: unrecorded, resumed on another machine, or under a label ``shared``
+    by several CPUs without the numbers that say which, so it belongs to no single machine's
+    results)."""
+    names = trained_on(entry, shared)
+    return names[0] if len(names) == 1 and not names[0].endswith(UNNUMBERED) else None
 
 
 def this_machine(device: torch.device | str | None = None) -> str:
@@ -93,8 +119,15 @@ def check_machine(pinned: str | None, device: torch.device | str | None = None, 
     from trainers.common.config import ConfigError
 
     for pin in pins(pinned, device, cpu_model):
-        if not pin.holds:
-            raise ConfigError(f"{pin.flag}: this study is pinned to {pin.pinned}, and {pin.here}: a run here would "
-                              "be judged apart from the others (a verdict must hold on each machine's runs alone); "
-                              f"resume it on that machine, or drop {pin.flag} to let this one's runs count as "
+        if pin.holds:
+            continue
+        if pin.flag == "--machine":
+            raise ConfigError(f"--machine: this study is pinned to {pin.pinned}, and {pin.here}: a run here would be "
+                              "judged apart from the others (a verdict must hold on each machine's runs alone); "
+                              "resume it on that machine, or drop --machine to let this one's runs count as "
                               "another machine's")
+        raise ConfigError(f"--cpu-model: this study is pinned to {pin.pinned}, and {pin.here}: a run here could share "
+                          "a machine label with another CPU's runs; resume it on that machine, or drop --cpu-model "
+                          "to let this one's runs count as another machine's, told apart by the family and model "
+                          "its records name (runs recorded before 2026-12-02 name none: they count with the one "
+                          "CPU their study records under their label, and with none where it records several)")

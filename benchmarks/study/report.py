@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.study.machines import machine_label
+from benchmarks.study.machines import machine_name, shared_labels
 from benchmarks.study.verdicts import Study
 from eval import model_name
 from eval.passk import mean_std
@@ -78,7 +78,8 @@ def machine_note(base: dict[str, Any], records: list[dict[str, Any]]) -> str:
     """The machines the study's times come from (CPU and its bf16 units, GPU), when recorded."""
     summaries = [*base.values(), *(r[k] for r in records for k in ("greedy", "kl") if r.get(k))]
     seen = [s["machine"] for s in summaries if s.get("machine")] + [m for r in records for m in r.get("machines") or []]
-    machines = list(dict.fromkeys(machine_label(m) for m in seen))
+    shared = shared_labels([{"machines": seen}])
+    machines = list(dict.fromkeys(machine_name(m, shared) for m in seen))
     return f"; machine: {', '.join(machines)}" if machines else ""
 
 

@@ -57,7 +57,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from benchmarks.study.machines import one_machine, trained_on
+from benchmarks.study.machines import one_machine, shared_labels, trained_on
 from eval.passk import mean_std
 from trainers.common.config import ConfigError
 
@@ -167,11 +167,13 @@ class Study:
 
     def machine_groups(self) -> tuple[dict[str, list[dict[str, Any]]], int]:
         """The runs per machine they trained on alone ("not recorded" for runs that name none), and
-        how many runs trained on several machines (they belong to no single machine's runs)."""
+        how many runs trained on several machines, or on a CPU whose label the runs share with another
+        and whose record does not say which (they belong to no single machine's runs)."""
         groups: dict[str, list[dict[str, Any]]] = {}
         several = 0
+        shared = shared_labels(self.results["runs"])
         for r in self.results["runs"]:
-            label = one_machine(r) or ("not recorded" if not trained_on(r) else None)
+            label = one_machine(r, shared) or ("not recorded" if not trained_on(r) else None)
             if label is None:
                 several += 1
             else:
@@ -484,7 +486,7 @@ def per_machine(rule: Callable[[Study], Finding]) -> Callable[[Study], Finding]:
                           Finding("untested", "no ES or no RL run at its selected setting")))
         verdicts = {f.verdict for _, _, f in found}
         verdict = verdicts.pop() if len(verdicts) == 1 else "not shown"
-        left = f"; {several} runs trained on several machines, left out" if several else ""
+        left = f"; {several} runs trained on no single machine the records name, left out" if several else ""
         numbers = "; ".join([*(f"on {label} ({n} runs): {f.verdict}, {f.numbers}" for label, n, f in found),
                              *abstained]) + left
         gates = "; ".join(f"on {label}: {f.gate}" for label, _, f in found if f.gate)
