@@ -194,6 +194,9 @@ def test_a_pinned_study_says_whether_this_machine_may_resume_it(cfg, tmp_path):
     assert (f"pinned to a CPU of family 999 model 1 (--cpu-model): this one is "
             f"{cpu_model() or 'of no listed family and model'}, so the study's command refuses to run here") in \
         study_status.status(cfg, tmp_path)
+    # the label matches and the CPU does not (a Zen 1 and a Zen 3 share one): the study refuses, and says so
+    assert (f"pinned to {here} (--machine): this machine, but --cpu-model is not, so the study's command refuses "
+            "to run here") in study_status.status(cfg, tmp_path)
     cfg.cpu_model = cpu_model()
     if cfg.cpu_model:
         assert (f"pinned to a CPU of {cfg.cpu_model} (--cpu-model): this machine, so the study's command resumes "
