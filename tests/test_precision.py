@@ -263,7 +263,10 @@ def test_rl_in_bf16_with_fp32_masters_and_optimizer(trainer, extra, tmp_path, ti
     assert (record["dtype"], record["weights"]) == ("bfloat16", "float32")  # bf16 compute, fp32 masters
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     steps = [r for r in log if "reward_mean" in r]
-    assert len(steps) == 2 and all(r["loss"] == r["loss"] and r["grad_norm"] > 0 for r in steps)
+    assert len(steps) == 2 and all(r["loss"] == r["loss"] for r in steps)
+    # A step whose groups all tie in reward has no advantage and, without a KL term, no gradient: right,
+    # and which steps tie depends on the samples, so on the CPU's bf16 sums (a Zen 1 tied Dr.GRPO's step 2).
+    assert any(r["grad_norm"] > 0 for r in steps), steps
     weights = load_file(str(out / "final" / "model.safetensors"))
     base = load_file(str(Path(tiny_model_dir) / "model.safetensors"))
     assert all(w.dtype == torch.float32 for w in weights.values())
