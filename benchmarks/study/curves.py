@@ -288,11 +288,12 @@ def run_cost(points: list[dict[str, Any]], point: dict[str, Any], cpu: bool = Fa
     return None if None in parts else sum(parts)
 
 
-def machine_costs(points: list[dict[str, Any]], method: str, budget: int, cpu: bool = False
-                  ) -> dict[str, list[float | None]]:
-    """Machine -> the seconds per run of ``method``'s curve runs to ``budget`` trained there."""
+def machine_costs(points: list[dict[str, Any]], method: str, budget: int, cpu: bool = False,
+                  shared: frozenset[str] | None = None) -> dict[str, list[float | None]]:
+    """Machine -> the seconds per run of ``method``'s curve runs to ``budget`` trained there (machines
+    told apart by ``shared``, default ``points``' own ``shared_labels``)."""
     out: dict[str, list[float | None]] = {}
-    shared = shared_labels(points)
+    shared = shared_labels(points) if shared is None else shared
     for p in points:
         if p["method"] == method and p["budget"] == budget:
             out.setdefault(machine_of(p, shared), []).append(run_cost(points, p, cpu))
@@ -306,14 +307,14 @@ def cost_cell(values: list[float | None] | None) -> str:
     return f"{sum(values) / len(values):.0f} ({len(values)})"
 
 
-def cost_line(points: list[dict[str, Any]], method: str, budget: int) -> str:
+def cost_line(points: list[dict[str, Any]], method: str, budget: int, shared: frozenset[str] | None = None) -> str:
     """A method's CPU seconds per run to ``budget``, per machine."""
-    found = machine_costs(points, method, budget, cpu=True)
+    found = machine_costs(points, method, budget, cpu=True, shared=shared)
     return ", ".join(f"{cost_cell(v)} on {m}" for m, v in found.items())
 
 
-def catch_up(points: list[dict[str, Any]], first: int, last: int, cost_points: list[dict[str, Any]] | None = None
-             ) -> str | None:
+def catch_up(points: list[dict[str, Any]], first: int, last: int, cost_points: list[dict[str, Any]] | None = None,
+             shared: frozenset[str] | None = None) -> str | None:
     """Does ES catch up with more budget: the best ES method at ``last`` responses against the best RL
     method at ``first`` (best by mean test reward), by the exact permutation test over seeds that the
     claims use. Where the points trained on different machines the verdict must hold on each
@@ -345,7 +346,7 @@ def catch_up(points: list[dict[str, Any]], first: int, last: int, cost_points: l
             ("no", p, f"RL at {first} still ahead (p = {p:.3f})")
 
     ours, theirs = at(e, last), at(r, first)
-    shared = shared_labels([*points, *(cost_points or [])])
+    shared = shared_labels([*points, *(cost_points or [])]) if shared is None else shared
     machines = {machine_of(p, shared) for p in ours + theirs}
     verdict, p, words = compare(rewards(ours), rewards(theirs))
     text = f"{verdict}: {words}"
@@ -373,9 +374,9 @@ def catch_up(points: list[dict[str, Any]], first: int, last: int, cost_points: l
                       for m in labels if at(m, first) and at(m, last))
     return (f"Does ES catch up with {last // first}x the budget? {labels[e]} at {last} responses "
             f"{pm(rewards(ours), 3)} against {labels[r]} at {first} responses {pm(rewards(theirs), 3)}: {text}. "
-            f"CPU s per run (runs) per machine: {labels[e]} to {last} {cost_line(costs_from, e, last)}; {labels[r]} "
-            f"to {first} {cost_line(costs_from, r, first)}. Mean test reward gained from {first} to {last} "
-            f"responses: {gains}.")
+            f"CPU s per run (runs) per machine: {labels[e]} to {last} {cost_line(costs_from, e, last, shared)}; "
+            f"{labels[r]} to {first} {cost_line(costs_from, r, first, shared)}. Mean test reward gained from {first} "
+            f"to {last} responses: {gains}.")
 
 
 def study_at(budget: int, points: list[dict[str, Any]], base: dict[str, Any], out: Path) -> Study:
@@ -402,7 +403,8 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                   f"mean ± sample std over seeds",
                   ["Method", "Setting", "Training responses", "Seeds", "val " + cfg.metric, "test pass@1 (%)",
                    "test reward"], text_columns=2)
-    machines = sorted({machine_of(p, shared_labels(where)) for p in where})
+    shared = shared_labels([*where, *judged])  # one census of the CPUs that share a label, for the whole page
+    machines = sorted({machine_of(p, shared) for p in where})
     cost = Table("What each run cost to here, per machine that trained it: mean seconds per run (runs)",
                  ["Method", "Training responses", *(f"{kind} s, {m}" for m in machines for kind in ("CPU", "wall"))],
                  text_columns=1)
@@ -415,11 +417,12 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
                                pm([p["validation"][cfg.metric] for p in at], 3),
                                pm([100 * p["greedy"]["pass@1"] for p in at]),
                                pm([p["greedy"]["reward_mean"] for p in at], 3)])
-            cpu, wall = machine_costs(where, method, budget, cpu=True), machine_costs(where, method, budget)
+            cpu, wall = (machine_costs(where, method, budget, cpu=True, shared=shared),
+                         machine_costs(where, method, budget, shared=shared))
             cost.rows.append([LABELS[method], str(budget),
                               *(cost_cell(c.get(m)) for m in machines for c in (cpu, wall))])
     repeats = repeats_grid(where, records, first)
-    caught = catch_up(judged, first, last, where)
+    caught = catch_up(judged, first, last, where, shared)
     verdicts = []
     sides = {is_es(m) for m in cfg.method_list}
     for budget in budgets(cfg):

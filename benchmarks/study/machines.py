@@ -68,8 +68,11 @@ def one_machine(entry: dict[str, Any], shared: frozenset[str] = frozenset()) -> 
     from the others (else None: unrecorded, resumed on another machine, or under a label ``shared``
     by several CPUs without the numbers that say which, so it belongs to no single machine's
     results)."""
+    machines = entry.get("machines") or []
+    if any(machine_label(m) in shared and not m.get("cpu_model") for m in machines):
+        return None
     names = trained_on(entry, shared)
-    return names[0] if len(names) == 1 and not names[0].endswith(UNNUMBERED) else None
+    return names[0] if len(names) == 1 else None
 
 
 def this_machine(device: torch.device | str | None = None) -> str:
@@ -118,16 +121,16 @@ def check_machine(pinned: str | None, device: torch.device | str | None = None, 
     selected runs without the other's makes a verdict "not shown"."""
     from trainers.common.config import ConfigError
 
+    consequence = {
+        "--machine": "a run here would be judged apart from the others (a verdict must hold on each machine's "
+                     "runs alone); resume it on that machine, or drop --machine to let this one's runs count as "
+                     "another machine's",
+        "--cpu-model": "a run here could share a machine label with another CPU's runs; resume it on that "
+                       "machine, or drop --cpu-model to let this one's runs count as another machine's, told "
+                       "apart by the family and model its records name (runs recorded before 2026-12-02 name "
+                       "none: they count with the one CPU their study records under their label, and with none "
+                       "where it records several)"}
     for pin in pins(pinned, device, cpu_model):
-        if pin.holds:
-            continue
-        if pin.flag == "--machine":
-            raise ConfigError(f"--machine: this study is pinned to {pin.pinned}, and {pin.here}: a run here would be "
-                              "judged apart from the others (a verdict must hold on each machine's runs alone); "
-                              "resume it on that machine, or drop --machine to let this one's runs count as "
-                              "another machine's")
-        raise ConfigError(f"--cpu-model: this study is pinned to {pin.pinned}, and {pin.here}: a run here could share "
-                          "a machine label with another CPU's runs; resume it on that machine, or drop --cpu-model "
-                          "to let this one's runs count as another machine's, told apart by the family and model "
-                          "its records name (runs recorded before 2026-12-02 name none: they count with the one "
-                          "CPU their study records under their label, and with none where it records several)")
+        if not pin.holds:
+            raise ConfigError(f"{pin.flag}: this study is pinned to {pin.pinned}, and {pin.here}: "
+                              f"{consequence[pin.flag]}")

@@ -130,10 +130,13 @@ def status(cfg: StudyConfig, out: Path) -> str:
     found = pins(cfg.machine, resolve_device(cfg.device) if cfg.machine else None, cfg.cpu_model)
     failing = [p.flag for p in found if not p.holds]
     for pin in found:
-        lines.append(f"pinned to {pin.pinned} ({pin.flag}): "
-                     + ("this machine, so the study's command resumes it here" if not failing else
-                        f"this machine, but {failing[0]} is not, so the study's command refuses to run here"
-                        if pin.holds else f"{pin.here}, so the study's command refuses to run here"))
+        if not pin.holds:
+            verdict = f"{pin.here}, so the study's command refuses to run here"
+        elif failing:
+            verdict = f"this machine, but {failing[0]} is not, so the study's command refuses to run here"
+        else:
+            verdict = "this machine, so the study's command resumes it here"
+        lines.append(f"pinned to {pin.pinned} ({pin.flag}): {verdict}")
     if cfg.machine and not cfg.cpu_model:
         lines.append(f"this CPU is {this_cpu_model_words()} (--cpu-model pins a study to it)")
     if left:
