@@ -172,6 +172,17 @@ def test_a_method_with_only_a_started_run_is_estimated_provisionally(cfg, tmp_pa
     assert "without PPO (no finished run to estimate from)" in study_status.status(cfg, tmp_path)
 
 
+def test_a_study_with_nothing_to_estimate_from_says_so_instead_of_0_min(cfg, tmp_path):
+    """A new study (no run finished, none with an iteration logged) has no estimate: not "0 min"."""
+    (tmp_path / "study.json").write_text("{}")
+    text = study_status.status(cfg, tmp_path)
+    assert "time left on this machine: not estimated until a run of some method has finished or logged an " \
+           "iteration" in text
+    assert " 0 min" not in text
+    write_record(plan(cfg, tmp_path)[0], 60, 90)
+    assert "time left on this machine, estimated from the finished runs: grid " in study_status.status(cfg, tmp_path)
+
+
 def test_a_pinned_study_says_whether_this_machine_may_resume_it(cfg, tmp_path):
     from benchmarks.study.machines import this_machine
 

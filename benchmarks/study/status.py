@@ -17,9 +17,10 @@ method's grid is done, the runs its selection extends it by are next, as the dri
 method with no finished run but a started one is estimated provisionally: its logged iterations'
 median times the run's iterations, plus the other methods' median start-up and measuring (the same
 model, measured the same way); the output marks it. A method with neither is left out of the
-estimate, and the output says so. While the grid runs, it also prints each setting's numbers so
-far: the seeds done, their mean validation pass@1 and their mean test pass@1 and reward. A study
-pinned to one machine (``--machine``, ``--cpu-model``) is told whether this machine may resume it.
+estimate, and the output says so (with no method left to estimate from, it says there is no
+estimate). While the grid runs, it also prints each setting's numbers so far: the seeds done, their
+mean validation pass@1 and their mean test pass@1 and reward. A study pinned to one machine
+(``--machine``, ``--cpu-model``) is told whether this machine may resume it.
 """
 
 from __future__ import annotations
@@ -148,6 +149,9 @@ def status(cfg: StudyConfig, out: Path) -> str:
     complete = not left and curve_done == len(points) * cfg.seeds * len(cfg.method_list)
     if complete:
         lines.append("nothing left: the same command renders the report")
+    elif not counted:  # an estimate over no method would read "0 min"
+        lines.append("time left on this machine: not estimated until a run of some method has finished or "
+                     "logged an iteration")
     else:
         lines.append("time left on this machine, estimated from the finished runs"
                      + (f" ({', '.join(LABELS[m] for m in guessed)} provisionally, from a started run)" if guessed else "")
