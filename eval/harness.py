@@ -32,21 +32,20 @@ from eval import SUMMARY_SUFFIX, ModelSpec, describe_model, model_name
 from eval.cache import Cache, cache_key, file_hash
 from eval.passk import mean_std, pass_at_ks, pass_hat_ks
 from llm_envs.multiturn import is_multiturn
-from trainers.common import adapters, tracking
+from trainers.common import adapters, runtime, tracking
 from trainers.common.config import ConfigError, check, check_engine, check_tracking, env_kwargs, make_env
+from trainers.common.episodes import EpisodeTally, check_command, cut_short, episode_row, episode_summary
 from trainers.common.hardware import describe
 from trainers.common.models import model_fingerprint, resolve_device
-from trainers.common import runtime
 from trainers.common.precision import DTYPE_CHOICES, dtype_name, parse_dtype
-from trainers.common.episodes import EpisodeTally, check_command, cut_short, episode_row, episode_summary
+from trainers.common.progress import bar
 from trainers.common.rollout import eval_examples, rollout
 from trainers.common.run_dir import recorded_dtype, recorded_engine
+from trainers.common.tracking import REPORT_TO_HELP
 from trainers.engines import AUTO, ENGINES, EngineOptions, make_engine
-from trainers.common.progress import bar
 from trainers.engines.generation import encode_prompts
 from trainers.engines.options import ENGINES_HELP
 from trainers.engines.sampling import row_seeds
-from trainers.common.tracking import REPORT_TO_HELP
 
 DEFAULT_ENV = "Countdown-v0"  # --env for a model that is not a trainer run
 

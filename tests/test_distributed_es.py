@@ -151,7 +151,7 @@ def test_two_processes_give_one_process_numbers(engine, model_dir, tmp_path):
         es.main(es_args(model_dir, one, "--engine", engine, *NOISE[noise]))
         assert_same_run(one, tmp_path / "two" / noise)
     [stdout0] = (tmp_path / "launch" / "logs").glob("**/attempt_0/0/stdout.log")
-    assert stdout0.read_text().count(f"2 processes), N=") == 2 and f"engine {engine}," in stdout0.read_text()
+    assert stdout0.read_text().count("2 processes), N=") == 2 and f"engine {engine}," in stdout0.read_text()
 
 
 def test_the_weight_check_stops_ranks_that_diverged(model_dir, tmp_path):

@@ -16,7 +16,6 @@ from trainers.common.adapters import LoraOptions
 from trainers.common.models import load_model, save_model
 from trainers.engines.hf import HFEngine
 from trainers.engines.native import NativeEngine
-from trainers.es.noise import fullrank
 from trainers.es.noise.adapters import AdapterPopulation, params_of, adapter_layers
 from trainers.es.noise.members import AdapterMembers, FullRankMember
 

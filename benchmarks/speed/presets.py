@@ -17,7 +17,6 @@ as such.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re

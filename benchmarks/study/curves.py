@@ -435,11 +435,11 @@ def write_curves(cfg: StudyConfig, out: Path, points: list[dict[str, Any]], base
     table.notes = [f"Base model: test pass@1 {100 * base['greedy']['pass@1']:.1f} %, reward "
                    f"{base['greedy']['reward_mean']:.3f}. At {first} responses the rows are the grid's runs (the "
                    f"curves continue them).", repeats]
-    cost.notes = [f"Seconds per run to here: the training seconds the run's log holds at this budget (the grid run's "
-                  f"included) and its test measurements so far, mean over the runs that trained on that machine "
-                  f"alone. CPU s: process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another "
-                  f"job sharing the CPU barely changes, unlike wall seconds. – where none ran there, or a run "
-                  f"predates CPU seconds.", machines_note(where), *verdicts, *([caught] if caught else [])]
+    cost.notes = ["Seconds per run to here: the training seconds the run's log holds at this budget (the grid run's "
+                  "included) and its test measurements so far, mean over the runs that trained on that machine "
+                  "alone. CPU s: process CPU seconds (all threads; 2 threads busy for 1 s count 2), which another "
+                  "job sharing the CPU barely changes, unlike wall seconds. – where none ran there, or a run "
+                  "predates CPU seconds.", machines_note(where), *verdicts, *([caught] if caught else [])]
     (out / "learning_curve.md").write_text(render([table, cost]))
     plot_learning_curves(cfg, judged, base, out / "learning_curve.png")
     atomic_write(out / "curves.json", json.dumps({"budgets": budgets(cfg), "points": points, "verdicts": verdicts,

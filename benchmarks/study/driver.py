@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 import time
 from pathlib import Path
 
@@ -60,8 +59,7 @@ from tqdm import tqdm
 from benchmarks.study.config import (AUTO_ENGINE, DEFAULT_METHODS, LABELS, METHODS, StudyConfig, changed_options,
                                      identity, settle_study_runtime)
 from benchmarks.study.curves import budgets as curve_budgets
-from benchmarks.study.curves import check_curve_budgets
-from benchmarks.study.curves import train_curves
+from benchmarks.study.curves import check_curve_budgets, train_curves
 from benchmarks.study.errors import TEST_PROMPTS, prompt_groups, write_test_prompts
 from benchmarks.study.machines import check_machine
 from benchmarks.study.plan import (Run, check_budgets, evaluations, extension, per_step, plan, prompts_per_step,

@@ -53,27 +53,26 @@ from tqdm import tqdm
 
 import llm_envs
 from llm_envs.multiturn import is_multiturn
-from trainers.common import distributed
+from trainers.common import adapters, distributed
 from trainers.common.config import ConfigError, TrainConfig, check, resolve_config, run_main, settle_runtime, to_dict
-from trainers.es.start import start_lines
 from trainers.common.episodes import EpisodeTally, check_command, cut_short
 from trainers.common.held_out import HeldOut
-from trainers.es.masters import load_masters, masters_of, weights_of_record
 from trainers.common.models import load_model, resolve_device, save_model
-from trainers.common.progress import RunClock, evaluations_left, options
+from trainers.common.progress import RunClock, bar, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples, rollout
 from trainers.common.run_dir import RunDir, summarize
-from trainers.es.update_log import UpdateLog, check_noise_device
 from trainers.common.sizing import check_before_choice, prompt_ids
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
-from trainers.common.progress import bar
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
-from trainers.common import adapters
-from trainers.es.noise import adapters as adapter_noise, fullrank, lowrank
+from trainers.es.masters import load_masters, masters_of, weights_of_record
+from trainers.es.noise import adapters as adapter_noise
+from trainers.es.noise import fullrank, lowrank
 from trainers.es.noise.members import AdapterMembers, FullRankMember, LowRankMembers
 from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_cpu_preset, es_fit
+from trainers.es.start import start_lines
+from trainers.es.update_log import UpdateLog, check_noise_device
 
 #: Keeps members' sample seeds apart from every other use of the run seed.
 SAMPLE_STREAM = 0x5A3D

@@ -29,13 +29,12 @@ from trainers.common.config import ConfigError, TrainConfig, check, settle_runti
 from trainers.common.episodes import EpisodeTally, check_command, cut_short
 from trainers.common.held_out import HeldOut
 from trainers.common.models import compute_dtype, resolve_device
-from trainers.common.progress import RunClock, evaluations_left, options
+from trainers.common.progress import RunClock, bar, evaluations_left, options
 from trainers.common.rollout import batch_for, eval_examples
 from trainers.common.run_dir import RunDir, summarize
 from trainers.common.sizing import check_before_choice, prompt_ids
 from trainers.common.splits import measured_split_counts, training_env
 from trainers.engines import make_engine
-from trainers.common.progress import bar
 from trainers.rl.checkpoints import (check_processes, latest_checkpoint, load_batch, restore_sharded, restore_trainer,
                                      save_checkpoint, save_final)
 from trainers.rl.determinism import deterministic
