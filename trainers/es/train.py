@@ -67,8 +67,7 @@ from trainers.engines import make_engine
 from trainers.engines.base import Engine
 from trainers.engines.generation import encode_prompts, rows_that_fit
 from trainers.es.masters import load_masters, masters_of, weights_of_record
-from trainers.es.noise import adapters as adapter_noise
-from trainers.es.noise import fullrank, lowrank
+from trainers.es.noise import adapters as adapter_noise, fullrank, lowrank
 from trainers.es.noise.members import AdapterMembers, FullRankMember, LowRankMembers
 from trainers.es.presets import GENERIC_DEFAULTS, PAPER_DEFAULTS, es_cpu_preset, es_fit
 from trainers.es.start import start_lines
