@@ -216,6 +216,12 @@ def test_pairwise_claims_count_the_pairs_that_pass_the_test():
                "ppo": {"x": [0.95, 0.6, 0.9, 0.7]}})
     line = headline.claim_lines([s], None)[1]
     assert line == "2. **ES varies less from seed to seed: held.** Toy-v0: held, p < 0.05 in 4 of 4 pairs (p = 0.029-0.029)."
+    # "not shown" with significant pairs says which way they went: here ES varies more, not less
+    s = study({"es_full": {"a": wide}, "es_lowrank": {"a": [0.8, 0.8, 0.81, 0.79]}, "grpo": {"x": tight},
+               "ppo": {"x": [0.8, 0.8, 0.8, 0.81]}})
+    line = headline.claim_lines([s], None)[1]
+    assert line == ("2. **ES varies less from seed to seed: not shown.** Toy-v0: not shown, ES less at p < 0.05 in 0 "
+                    "of 4 pairs, more in 2 (p = 0.029-1.000).")
 
 
 def test_the_readme_block_and_the_details_page_are_rewritten_and_bad_input_is_a_clear_error(tmp_path, capsys):
