@@ -224,6 +224,15 @@ def test_pairwise_claims_count_the_pairs_that_pass_the_test():
                     "of 4 pairs, more in 2 (p = 0.029-1.000).")
 
 
+
+def test_the_directions_add_up_over_machines_and_cover_every_pair_or_are_not_said():
+    both = ("on A (8 runs): not shown, x; ES significantly less in 1 of 4 pairs, more in 2; "
+            "on B (8 runs): not shown, y; ES significantly less in 0 of 4 pairs, more in 1")
+    assert headline.directions(both, 8) == "ES less at p < 0.05 in 1 of 8 pairs, more in 3"
+    # a machine that held names no direction: a count over half the pairs would mislead
+    one = "on A (8 runs): held, x; on B (8 runs): not shown, y; ES significantly less in 0 of 4 pairs, more in 1"
+    assert headline.directions(one, 8) is None and headline.directions("held, x", 4) is None
+
 def test_the_readme_block_and_the_details_page_are_rewritten_and_bad_input_is_a_clear_error(tmp_path, capsys):
     readme = tmp_path / "README.md"
     readme.write_text(f"intro\n{headline.START}\nold\n{headline.END}\nrest\n")

@@ -101,13 +101,14 @@ def legend(studies: list[Study], page_dir: Path) -> str:
 def gist(rule, study: Study, found: Finding) -> str:
     """A study's verdict on one claim and the number it rests on: the hacked runs for claim 4, else
     the permutation test's p (claim 1: of the pair it names; claims 2 and 3: how many pairs pass it,
-    and the range of p); and, where a gate changed the verdict, what it would be without it."""
+    which way where "not shown", and the range of p); and, where a gate changed the verdict, what it
+    would be without it."""
     verdict, numbers = found
     ungated = ""
     if found.ungated and found.ungated != verdict:  # what the gate hid, in the same few words
         ps = P_VALUE.findall(found.ungated_numbers)
         low = sum(float(p) < SIGNIFICANT for p in ps)
-        split = directions(found.ungated_numbers)
+        split = directions(found.ungated_numbers, len(ps))
         if split:
             said = f", {split}"
         else:
@@ -126,17 +127,18 @@ def gist(rule, study: Study, found: Finding) -> str:
     significant = sum(float(p) < SIGNIFICANT for p in ps)
     low, high = min(ps, key=float), max(ps, key=float)
     # "not shown" can hide significant pairs on either side: say which way they went
-    said = directions(numbers) or f"p < {SIGNIFICANT:g} in {significant} of {len(ps)} pairs"
+    said = directions(numbers, len(ps)) or f"p < {SIGNIFICANT:g} in {significant} of {len(ps)} pairs"
     return f"{verdict}, {said} (p = {low}-{high}){ungated}"
 
 
-def directions(numbers: str) -> str | None:
+def directions(numbers: str, compared: int) -> str | None:
     """How many pairs ES was significantly less and more in, summed over every machine ``numbers``
-    judges (claims 2 and 3's "not shown"), in the headline's words; None where it names none."""
+    judges (claims 2 and 3's "not shown"), in the headline's words; None where that does not cover
+    all ``compared`` pairs (a machine that held or failed names no direction)."""
     splits = SPLIT.findall(numbers)
-    if not splits:
-        return None
     less, pairs, more = (sum(int(split[i]) for split in splits) for i in range(3))
+    if not splits or pairs != compared:
+        return None
     return f"ES less at p < {SIGNIFICANT:g} in {less} of {pairs} pairs, more in {more}"
 
 
