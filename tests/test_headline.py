@@ -378,6 +378,24 @@ def test_two_cpus_that_share_a_label_are_two_machines_once_their_records_say_whi
     assert per_machine(claim_budget)(s).verdict == "held"
 
 
+
+def test_a_study_on_several_machines_says_what_its_gates_hid_as_one_machine_does():
+    """The README's claim lines print "(without its gate: ...)" for a study that trained on two
+    machines too (round three's claim 4 on products hid "failed")."""
+    s = study({"es_full": {"a": [0.8, 0.81, 0.79, 0.8], "b": FLAT}, "grpo": {"x": FLAT}})
+    for r in s.results["runs"]:  # each run's sampled measurement, which a machine's part reads
+        r["kl"] = summary(r["greedy"]["reward_mean"], kl=0.01)
+    one = headline.claim_lines([s], None)
+    for r in s.results["runs"]:  # setting b, not selected, on another machine: it abstains
+        r["machines"] = [{"cpu": "B" if r["setting"] == "b" else "A", "cpu_bf16_units": "x", "threads": 2}]
+    two = headline.claim_lines([s], None)
+    assert "(without its gate: not shown, ES less at p < 0.05 in 0 of 1 pairs, more in 0)" in one[1] and \
+        "(without its gate: not shown, ES less at p < 0.05 in 0 of 1 pairs, more in 0)" in two[1]
+    assert "(without its gate: held)" in one[3] and "(without its gate: held)" in two[3]
+    found = per_machine(claim_seeds)(s)
+    assert found.verdict == "untested" and found.ungated == "not shown" and "on CPU A (bf16 units: x): not shown" \
+        in found.ungated_numbers
+
 def test_a_machine_with_no_run_at_a_selected_setting_abstains():
     """Round three's first 7 runs, all at settings not selected, trained on another CPU: nothing the
     verdict compares trained there, so that machine neither holds nor vetoes it; a machine with selected

@@ -490,8 +490,15 @@ def per_machine(rule: Callable[[Study], Finding]) -> Callable[[Study], Finding]:
         numbers = "; ".join([*(f"on {label} ({n} runs): {f.verdict}, {f.numbers}" for label, n, f in found),
                              *abstained]) + left
         gates = "; ".join(f"on {label}: {f.gate}" for label, _, f in found if f.gate)
+        # what the gates hid, combined as the verdicts are: a machine whose gate did not act gives its own
+        ungated, ungated_numbers = None, ""
+        if any(f.ungated for _, _, f in found):
+            ungateds = {f.ungated or f.verdict for _, _, f in found}
+            ungated = ungateds.pop() if len(ungateds) == 1 else "not shown"
+            ungated_numbers = "; ".join(f"on {label}: {f.ungated}, {f.ungated_numbers}" if f.ungated else
+                                        f"on {label}: {f.verdict}, {f.numbers}" for label, _, f in found)
         return Finding(verdict, f"The runs trained on {len(groups)} machines, and a verdict must hold on each "
-                                f"alone: {numbers}", gates, None)
+                                f"alone: {numbers}", gates, ungated, ungated_numbers)
     return judged
 
 
