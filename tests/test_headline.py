@@ -224,7 +224,6 @@ def test_pairwise_claims_count_the_pairs_that_pass_the_test():
                     "of 4 pairs, more in 2 (p = 0.029-1.000).")
 
 
-
 def test_the_directions_add_up_over_machines_and_cover_every_pair_or_are_not_said():
     both = ("on A (8 runs): not shown, x; ES significantly less in 1 of 4 pairs, more in 2; "
             "on B (8 runs): not shown, y; ES significantly less in 0 of 4 pairs, more in 1")
@@ -232,6 +231,7 @@ def test_the_directions_add_up_over_machines_and_cover_every_pair_or_are_not_sai
     # a machine that held names no direction: a count over half the pairs would mislead
     one = "on A (8 runs): held, x; on B (8 runs): not shown, y; ES significantly less in 0 of 4 pairs, more in 1"
     assert headline.directions(one, 8) is None and headline.directions("held, x", 4) is None
+
 
 def test_the_readme_block_and_the_details_page_are_rewritten_and_bad_input_is_a_clear_error(tmp_path, capsys):
     readme = tmp_path / "README.md"
@@ -378,7 +378,6 @@ def test_two_cpus_that_share_a_label_are_two_machines_once_their_records_say_whi
     assert per_machine(claim_budget)(s).verdict == "held"
 
 
-
 def test_a_study_on_several_machines_says_what_its_gates_hid_as_one_machine_does():
     """The README's claim lines print "(without its gate: ...)" for a study that trained on two
     machines too (round three's claim 4 on products hid "failed")."""
@@ -395,6 +394,7 @@ def test_a_study_on_several_machines_says_what_its_gates_hid_as_one_machine_does
     found = per_machine(claim_seeds)(s)
     assert found.verdict == "untested" and found.ungated == "not shown" and "on CPU A (bf16 units: x): not shown" \
         in found.ungated_numbers
+
 
 def test_a_machine_with_no_run_at_a_selected_setting_abstains():
     """Round three's first 7 runs, all at settings not selected, trained on another CPU: nothing the
