@@ -1,5 +1,6 @@
 """The README's and the docs' promises: the worked env example runs, CI runs the README's test
-command, and the scoring time bound names the code's constants.
+command, the scoring time bound names the code's constants, and the results block is what its
+command renders from the committed studies.
 
 Where claims live: README.md holds the two commands, what the main job shows and the headline
 results; each topic's claims are on its page in docs/ (docs/README.md lists them). The example
@@ -60,3 +61,31 @@ def test_the_scoring_time_bound_is_stated_with_the_codes_constants():
     assert f"a grace of {GRACE:g} s (`GRACE`" in text
     assert f"at most {START_TIMEOUT:.0f} s, `START_TIMEOUT`" in text
     assert f"at most `score_timeout` + {GRACE:g} s per timed-out completion, plus a worker restart" in text
+
+
+def test_the_results_block_is_what_its_command_renders_from_the_committed_studies(monkeypatch):
+    """The README's results and their details page are the headline command the README names, run
+    on the studies committed under docs/: a study whose numbers changed without a re-render (the
+    verdict lines no longer following them) fails here, with the command that fixes it."""
+    from benchmarks.study import headline
+
+    command = re.search(r"`(python -m benchmarks\.study\.headline [^`]+)`", README).group(1)
+    words = command.split()[3:]
+    readme, page = Path(words[words.index("--readme") + 1]), Path(words[words.index("--details") + 1])
+    monkeypatch.chdir(ROOT)  # the command runs from the checkout's root, as the README says
+    studies = [headline.load(Path(w)) for w in words[:words.index("--readme")]]
+    block = headline.headline(studies, headline.link(page, readme.parent), readme.parent)
+    details = headline.details(studies, page.parent)
+    rules = {c for s in studies if (c := s.results["config"].get("rule_commit"))}
+    history = all(subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT,
+                                 capture_output=True).returncode == 0 for c in rules)
+    # a copy without git's history (CI's second pass) cannot list the commits that amended the rule
+    plain = (lambda text: text) if history else (
+        lambda text: re.sub(r"; `verdicts\.py` changed since in [0-9a-f, ]+", "", text))
+
+    def between(text: str, start: str, end: str) -> str:
+        return plain(text.split(start + "\n", 1)[1].split(end, 1)[0])
+
+    stale = f"stale: run `{command}`"
+    assert between(readme.read_text(), headline.START, headline.END) == plain(block), stale
+    assert between(page.read_text(), headline.DETAILS_START, headline.DETAILS_END) == plain(details), stale
