@@ -4,6 +4,8 @@ quote come from those files, and rescoring them with the env's current code give
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 
@@ -66,3 +68,23 @@ def test_a_study_without_completions_is_a_clear_error(tiny_study, capsys):
     assert "completions files are missing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evidence.main([str(tiny_study), "--rescore", str(tiny_study)])
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: The studies behind the README's results: the directories its headline command names.
+HEADLINE = re.search(r"python -m benchmarks\.study\.headline ((?:docs/\S+ )+)--readme",
+                     (ROOT / "README.md").read_text()).group(1).split()
+
+
+@pytest.mark.parametrize("name", HEADLINE)
+def test_the_readmes_studies_rescore_from_their_completions_to_their_committed_numbers(name, tmp_path):
+    """Every committed completion of the README's studies, scored again with the envs' current
+    code, gives each study's tables and every number of its results.json: a scoring change that
+    would move a published number fails here (the config may gain options added since)."""
+    committed = ROOT / name
+    out = evidence.rescore(committed, tmp_path / "rescored")
+    for table in TABLES + (("learning_curve.md",) if (committed / "learning_curve.md").is_file() else ()):
+        assert (out / table).read_text() == (committed / table).read_text(), table
+    before, after = (json.loads((d / "results.json").read_text()) for d in (committed, out))
+    assert {k: v for k, v in after.items() if k != "config"} == {k: v for k, v in before.items() if k != "config"}
+    assert {k: after["config"][k] for k in before["config"]} == before["config"]
