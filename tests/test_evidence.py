@@ -1,5 +1,6 @@
 """benchmarks.study.evidence: a study keeps every evaluated completion beside its records, the counts docs
-quote come from those files, and rescoring them with the env's current code gives the study's tables."""
+quote come from those files, and rescoring them with the env's current code gives the study's tables
+(the README's studies included)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from benchmarks.study import evidence, driver as study
 from benchmarks.study.record import COMPLETIONS, read_completions
 
 TABLES = ("table1.md", "table2.md", "runs.md", "seed_variance.md")
+ROOT = Path(__file__).resolve().parents[1]
+#: The studies behind the README's results: the directories its headline command names.
+HEADLINE = re.search(r"python -m benchmarks\.study\.headline ((?:docs/\S+ )+)--readme",
+                     (ROOT / "README.md").read_text()).group(1).split()
 
 
 @pytest.fixture
@@ -68,12 +73,6 @@ def test_a_study_without_completions_is_a_clear_error(tiny_study, capsys):
     assert "completions files are missing" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         evidence.main([str(tiny_study), "--rescore", str(tiny_study)])
-
-
-ROOT = Path(__file__).resolve().parents[1]
-#: The studies behind the README's results: the directories its headline command names.
-HEADLINE = re.search(r"python -m benchmarks\.study\.headline ((?:docs/\S+ )+)--readme",
-                     (ROOT / "README.md").read_text()).group(1).split()
 
 
 @pytest.mark.parametrize("name", HEADLINE)
