@@ -11,6 +11,8 @@
   cached conversion loads in a few seconds);
 - ``shared_data``: ``shared_data("math")`` is that folder of the real benchmark data, the one way
   tests find it; without it the test skips, saying where it looked.
+- ``readme_headline()`` (a function): the README's headline command, which writes its results block,
+  and its parsed arguments (the study directories, ``--readme``, ``--details``).
 
 The session-scoped model is shared: tests that change weights must work on a copy
 (``copy.deepcopy(tiny_model)``).
@@ -18,8 +20,10 @@ The session-scoped model is shared: tests that change weights must work on a cop
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -34,6 +38,18 @@ os.environ.setdefault("LLM_ENVS_CPU_BF16", "0")
 #: folder this variable names (a missing path hides the data, as in a clone without ``../shared``).
 SHARED_DATA_ENV = "LLM_ENVS_SHARED_DATA"
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+
+def readme_headline() -> tuple[str, argparse.Namespace]:
+    """The README's ``python -m benchmarks.study.headline ...`` command and its arguments, parsed by
+    the command's own parser."""
+    from benchmarks.study import headline
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    command = re.search(r"`(python -m benchmarks\.study\.headline [^`]+)`", readme).group(1)
+    return command, headline.parser().parse_args(command.split()[3:])
+
 
 TINY_CORPUS = [
     "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n",

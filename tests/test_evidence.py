@@ -5,19 +5,18 @@ quote come from those files, and rescoring them with the env's current code give
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
 
 from benchmarks.study import evidence, driver as study
 from benchmarks.study.record import COMPLETIONS, read_completions
+from conftest import readme_headline
 
 TABLES = ("table1.md", "table2.md", "runs.md", "seed_variance.md")
 ROOT = Path(__file__).resolve().parents[1]
 #: The studies behind the README's results: the directories its headline command names.
-HEADLINE = re.search(r"python -m benchmarks\.study\.headline ((?:docs/\S+ )+)--readme",
-                     (ROOT / "README.md").read_text()).group(1).split()
+HEADLINE = readme_headline()[1].studies
 
 
 @pytest.fixture

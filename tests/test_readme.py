@@ -68,14 +68,13 @@ def test_the_results_block_is_what_its_command_renders_from_the_committed_studie
     on the studies committed under docs/: a study whose numbers changed without a re-render (the
     verdict lines no longer following them) fails here, with the command that fixes it."""
     from benchmarks.study import headline
+    from conftest import readme_headline
 
-    command = re.search(r"`(python -m benchmarks\.study\.headline [^`]+)`", README).group(1)
-    words = command.split()[3:]
-    readme, page = Path(words[words.index("--readme") + 1]), Path(words[words.index("--details") + 1])
+    command, args = readme_headline()
+    readme, page = Path(args.readme), Path(args.details)
     monkeypatch.chdir(ROOT)  # the command runs from the checkout's root, as the README says
-    studies = [headline.load(Path(w)) for w in words[:words.index("--readme")]]
-    block = headline.headline(studies, headline.link(page, readme.parent), readme.parent)
-    details = headline.details(studies, page.parent)
+    studies = [headline.load(Path(p)) for p in args.studies]
+    block, details = headline.render(studies, readme, page)
     rules = {c for s in studies if (c := s.results["config"].get("rule_commit"))}
     history = all(subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT,
                                  capture_output=True).returncode == 0 for c in rules)

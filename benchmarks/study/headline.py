@@ -290,36 +290,49 @@ def write_block(page: Path, block: str, start: str = START, end: str = END) -> N
     page.write_text(pattern.sub(lambda _: f"{start}\n{block}{end}", marked(page, start, end), count=1))
 
 
-def main(argv: list[str] | None = None) -> str:
+def parser() -> Parser:
+    """The command line: study directories, and the README and details page to rewrite."""
     parser = Parser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("studies", nargs="+", help="finished study directories (each holds results.json)")
     parser.add_argument("--readme", default=None, help="rewrite this file's headline block")
     parser.add_argument("--details", default=None,
                         help="rewrite this page's headline-details block with every number behind the block; "
                              "the block's claim lines link to it")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parser().parse_args(argv)
     try:
         return rewrite(args)
     except ConfigError as exc:  # a study without errors over distinct prompts, say
         fail(str(exc))
 
 
+def render(studies: list[Study], readme: Path | None, page: Path | None) -> tuple[str, str | None]:
+    """The README's block, its links relative to ``readme``'s folder (the working directory without
+    one), and the details page's block where ``page`` is given (None otherwise)."""
+    readme_dir = readme.parent if readme is not None else Path(".")
+    if page is None:
+        return headline(studies, None, readme_dir), None
+    return headline(studies, link(page, readme_dir), readme_dir), details(studies, page.parent)
+
+
 def rewrite(args) -> str:
     """``main``'s work: the block printed, and the README's and the page's blocks rewritten (both
     computed and checked before either is written)."""
     studies = [load(Path(p)) for p in args.studies]
-    readme_dir = Path(args.readme).parent if args.readme else Path(".")
+    readme = Path(args.readme) if args.readme else None
     page = Path(args.details) if args.details else None
-    if args.readme:
-        marked(Path(args.readme))
+    if readme is not None:
+        marked(readme)
     if page is not None:
         marked(page, DETAILS_START, DETAILS_END)
-    text = details(studies, page.parent) if page is not None else None
-    block = headline(studies, link(page, readme_dir) if page is not None else None, readme_dir)
+    block, text = render(studies, readme, page)
     if page is not None:
         write_block(page, text, DETAILS_START, DETAILS_END)
-    if args.readme:
-        write_block(Path(args.readme), block)
+    if readme is not None:
+        write_block(readme, block)
     print(block, end="")
     return block
 
