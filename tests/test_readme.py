@@ -74,7 +74,7 @@ def test_the_results_block_is_what_its_command_renders_from_the_committed_studie
     readme, page = Path(args.readme), Path(args.details)
     monkeypatch.chdir(ROOT)  # the command runs from the checkout's root, as the README says
     studies = [headline.load(Path(p)) for p in args.studies]
-    block, details = headline.render(studies, readme, page)
+    block, details = headline.render_results(studies, readme, page)
     rules = {c for s in studies if (c := s.results["config"].get("rule_commit"))}
     history = all(subprocess.run(["git", "cat-file", "-e", f"{c}^{{commit}}"], cwd=ROOT,
                                  capture_output=True).returncode == 0 for c in rules)

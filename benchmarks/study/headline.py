@@ -309,7 +309,8 @@ def main(argv: list[str] | None = None) -> str:
         fail(str(exc))
 
 
-def render(studies: list[Study], readme: Path | None, page: Path | None) -> tuple[str, str | None]:
+def render_results(studies: list[Study], readme: Path | None,
+                   page: Path | None) -> tuple[str, str | None]:
     """The README's block, its links relative to ``readme``'s folder (the working directory without
     one), and the details page's block where ``page`` is given (None otherwise)."""
     readme_dir = readme.parent if readme is not None else Path(".")
@@ -328,7 +329,7 @@ def rewrite(args) -> str:
         marked(readme)
     if page is not None:
         marked(page, DETAILS_START, DETAILS_END)
-    block, text = render(studies, readme, page)
+    block, text = render_results(studies, readme, page)
     if page is not None:
         write_block(page, text, DETAILS_START, DETAILS_END)
     if readme is not None:
